@@ -1,0 +1,218 @@
+#include "model/cpu/qwen3_cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "common/thread_pool.h"
+#include "model/cpu/kernels.h"
+#include "model/safetensors.h"
+
+namespace siesta {
+namespace cpu {
+
+namespace {
+
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float** dest;
+};
+
+}  // namespace
+
+Result<Weights> load_weights(const ModelConfig& cfg, const TensorStore& store) {
+  const int64_t hidden = cfg.hidden_size, inter = cfg.intermediate_size, vocab = cfg.vocab_size;
+  const int64_t q_dim = cfg.q_dim(), kv_dim = cfg.kv_dim(), head_dim = cfg.head_dim;
+
+  Weights w;
+  w.layers.resize(cfg.num_layers);
+  std::vector<TensorSpec> specs;
+  specs.push_back({"model.embed_tokens.weight", {vocab, hidden}, &w.embed});
+  for (int i = 0; i < cfg.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    LayerWeights& l = w.layers[i];
+    specs.push_back({p + "input_layernorm.weight", {hidden}, &l.input_norm});
+    specs.push_back({p + "self_attn.q_proj.weight", {q_dim, hidden}, &l.q_proj});
+    specs.push_back({p + "self_attn.k_proj.weight", {kv_dim, hidden}, &l.k_proj});
+    specs.push_back({p + "self_attn.v_proj.weight", {kv_dim, hidden}, &l.v_proj});
+    specs.push_back({p + "self_attn.o_proj.weight", {hidden, q_dim}, &l.o_proj});
+    specs.push_back({p + "self_attn.q_norm.weight", {head_dim}, &l.q_norm});
+    specs.push_back({p + "self_attn.k_norm.weight", {head_dim}, &l.k_norm});
+    specs.push_back({p + "post_attention_layernorm.weight", {hidden}, &l.post_norm});
+    specs.push_back({p + "mlp.gate_proj.weight", {inter, hidden}, &l.gate_proj});
+    specs.push_back({p + "mlp.up_proj.weight", {inter, hidden}, &l.up_proj});
+    specs.push_back({p + "mlp.down_proj.weight", {hidden, inter}, &l.down_proj});
+  }
+  specs.push_back({"model.norm.weight", {hidden}, &w.final_norm});
+  if (!cfg.tie_word_embeddings) specs.push_back({"lm_head.weight", {vocab, hidden}, &w.lm_head});
+
+  // Check every tensor first, then size the arena once.
+  std::vector<TensorView> views;
+  size_t total = 0;
+  for (const TensorSpec& s : specs) {
+    SIESTA_ASSIGN_OR_RETURN(TensorView v, store.get(s.name, s.shape));
+    total += static_cast<size_t>(v.numel());
+    views.push_back(std::move(v));
+  }
+  w.arena.resize(total);
+  size_t offset = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::span<float> dst(w.arena.data() + offset, static_cast<size_t>(views[i].numel()));
+    SIESTA_TRY(convert_to_f32(views[i], dst));
+    *specs[i].dest = dst.data();
+    offset += dst.size();
+  }
+  if (cfg.tie_word_embeddings) w.lm_head = w.embed;
+  return w;
+}
+
+}  // namespace cpu
+
+Result<std::unique_ptr<CpuQwen3>> CpuQwen3::load(const std::filesystem::path& model_dir, ThreadPool& pool) {
+  SIESTA_ASSIGN_OR_RETURN(ModelConfig cfg, ModelConfig::load(model_dir));
+  SIESTA_ASSIGN_OR_RETURN(TensorStore store, TensorStore::open(model_dir));
+  SIESTA_ASSIGN_OR_RETURN(cpu::Weights weights, cpu::load_weights(cfg, store));
+  return std::make_unique<CpuQwen3>(std::move(cfg), std::move(weights), pool);
+}
+
+CpuQwen3::CpuQwen3(ModelConfig cfg, cpu::Weights weights, ThreadPool& pool)
+    : cfg_(std::move(cfg)), w_(std::move(weights)), pool_(pool) {
+  // As HF: inv_freq = 1 / theta^(2i / head_dim), held in fp32.
+  const int half = cfg_.head_dim / 2;
+  inv_freq_.resize(half);
+  for (int i = 0; i < half; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(cfg_.head_dim);
+    inv_freq_[i] = static_cast<float>(1.0 / std::pow(cfg_.rope_theta, static_cast<double>(exponent)));
+  }
+}
+
+Result<void> CpuQwen3::forward(std::span<const SequenceChunk> batch, const KvCacheView& kv, ForwardOutput& out) {
+  SIESTA_TRY(validate_batch(cfg_, batch, kv));
+  const KvCacheLayout& layout = kv.layout;
+  const KvCacheLayout expected = kv_layout();
+  if (layout.num_layers != expected.num_layers || layout.num_kv_heads != expected.num_kv_heads ||
+      layout.head_dim != expected.head_dim || layout.elem_bytes != expected.elem_bytes ||
+      layout.block_size != expected.block_size)
+    return invalid_argument("forward: KV cache layout does not match the model");
+
+  const size_t hidden = cfg_.hidden_size, inter = cfg_.intermediate_size, vocab = cfg_.vocab_size;
+  const size_t heads = cfg_.num_heads, kv_heads = cfg_.num_kv_heads, head_dim = cfg_.head_dim;
+  const size_t q_dim = cfg_.q_dim(), kv_dim = cfg_.kv_dim(), group = heads / kv_heads;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  float* cache = static_cast<float*>(kv.base);
+
+  // Flatten the batch into rows: row -> (sequence, position).
+  struct Row {
+    size_t seq;
+    int pos;
+    int32_t token;
+  };
+  std::vector<Row> rows;
+  for (size_t s = 0; s < batch.size(); ++s)
+    for (size_t i = 0; i < batch[s].tokens.size(); ++i)
+      rows.push_back({s, batch[s].start_pos + static_cast<int>(i), batch[s].tokens[i]});
+  const size_t n = rows.size();
+
+  auto slot_ptr = [&](size_t r, int layer, int kind) {
+    const SequenceChunk& seq = batch[rows[r].seq];
+    const int pos = rows[r].pos;
+    const size_t block = static_cast<size_t>(seq.block_table[pos / layout.block_size]);
+    return cache + layout.offset(block, layer, kind) + static_cast<size_t>(pos % layout.block_size) * kv_dim;
+  };
+
+  std::vector<float> x(n * hidden), h(n * hidden), q(n * q_dim), k(n * kv_dim), v(n * kv_dim);
+  std::vector<float> attn(n * q_dim), proj(n * hidden), gate(n * inter), up(n * inter);
+  for (size_t r = 0; r < n; ++r)
+    std::memcpy(&x[r * hidden], w_.embed + static_cast<size_t>(rows[r].token) * hidden, hidden * sizeof(float));
+
+  for (int layer = 0; layer < cfg_.num_layers; ++layer) {
+    const cpu::LayerWeights& lw = w_.layers[layer];
+    cpu::rms_norm(x.data(), lw.input_norm, n, hidden, eps, h.data());
+    cpu::linear(h.data(), n, hidden, lw.q_proj, q_dim, q.data(), pool_);
+    cpu::linear(h.data(), n, hidden, lw.k_proj, kv_dim, k.data(), pool_);
+    cpu::linear(h.data(), n, hidden, lw.v_proj, kv_dim, v.data(), pool_);
+    // Per-head q/k RMSNorm, then RoPE; K and V go into the paged cache.
+    for (size_t r = 0; r < n; ++r) {
+      for (size_t hh = 0; hh < heads; ++hh) {
+        float* qh = &q[r * q_dim + hh * head_dim];
+        cpu::rms_norm(qh, lw.q_norm, 1, head_dim, eps, qh);
+        cpu::apply_rope(qh, head_dim, inv_freq_.data(), rows[r].pos);
+      }
+      for (size_t hh = 0; hh < kv_heads; ++hh) {
+        float* kh = &k[r * kv_dim + hh * head_dim];
+        cpu::rms_norm(kh, lw.k_norm, 1, head_dim, eps, kh);
+        cpu::apply_rope(kh, head_dim, inv_freq_.data(), rows[r].pos);
+      }
+      std::memcpy(slot_ptr(r, layer, 0), &k[r * kv_dim], kv_dim * sizeof(float));
+      std::memcpy(slot_ptr(r, layer, 1), &v[r * kv_dim], kv_dim * sizeof(float));
+    }
+    // Causal attention over the cache: row r sees positions [0, pos]. One task
+    // per (row, head); scores, softmax and the weighted sum run in position order.
+    pool_.parallel_for(n * heads, [&](size_t begin, size_t end) {
+      std::vector<float> scores;
+      for (size_t t = begin; t < end; ++t) {
+        const size_t r = t / heads, hh = t % heads, kvh = hh / group;
+        const SequenceChunk& seq = batch[rows[r].seq];
+        const size_t len = static_cast<size_t>(rows[r].pos) + 1;
+        const float* qh = &q[r * q_dim + hh * head_dim];
+        scores.resize(len);
+        float max_score = -std::numeric_limits<float>::infinity();
+        for (size_t p = 0; p < len; ++p) {
+          const size_t block = static_cast<size_t>(seq.block_table[p / layout.block_size]);
+          const float* kp = cache + layout.offset(block, layer, 0) + (p % layout.block_size) * kv_dim + kvh * head_dim;
+          scores[p] = cpu::dot(qh, kp, head_dim) * scale;
+          max_score = std::max(max_score, scores[p]);
+        }
+        float sum = 0.0f;
+        for (size_t p = 0; p < len; ++p) {
+          scores[p] = std::exp(scores[p] - max_score);
+          sum += scores[p];
+        }
+        const float inv_sum = 1.0f / sum;
+        float* o = &attn[r * q_dim + hh * head_dim];
+        std::fill(o, o + head_dim, 0.0f);
+        for (size_t p = 0; p < len; ++p) {
+          const size_t block = static_cast<size_t>(seq.block_table[p / layout.block_size]);
+          const float* vp = cache + layout.offset(block, layer, 1) + (p % layout.block_size) * kv_dim + kvh * head_dim;
+          const float wgt = scores[p] * inv_sum;
+          for (size_t d = 0; d < head_dim; ++d) o[d] += wgt * vp[d];
+        }
+      }
+    });
+    cpu::linear(attn.data(), n, q_dim, lw.o_proj, hidden, proj.data(), pool_);
+    for (size_t i = 0; i < n * hidden; ++i) x[i] += proj[i];
+
+    cpu::rms_norm(x.data(), lw.post_norm, n, hidden, eps, h.data());
+    cpu::linear(h.data(), n, hidden, lw.gate_proj, inter, gate.data(), pool_);
+    cpu::linear(h.data(), n, hidden, lw.up_proj, inter, up.data(), pool_);
+    cpu::silu_mul(gate.data(), up.data(), n * inter, gate.data());
+    cpu::linear(gate.data(), n, inter, lw.down_proj, hidden, proj.data(), pool_);
+    for (size_t i = 0; i < n * hidden; ++i) x[i] += proj[i];
+  }
+
+  // Final norm and LM head, only for the rows whose logits are wanted.
+  out.vocab_size = static_cast<int>(vocab);
+  out.first_row.assign(batch.size(), 0);
+  out.num_rows.assign(batch.size(), 0);
+  std::vector<size_t> wanted;
+  size_t r0 = 0;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const size_t len = batch[s].tokens.size();
+    out.first_row[s] = wanted.size();
+    out.num_rows[s] = batch[s].all_logits ? len : 1;
+    for (size_t i = batch[s].all_logits ? 0 : len - 1; i < len; ++i) wanted.push_back(r0 + i);
+    r0 += len;
+  }
+  std::vector<float> normed(wanted.size() * hidden);
+  for (size_t i = 0; i < wanted.size(); ++i)
+    cpu::rms_norm(&x[wanted[i] * hidden], w_.final_norm, 1, hidden, eps, &normed[i * hidden]);
+  out.logits.resize(wanted.size() * vocab);
+  cpu::linear(normed.data(), wanted.size(), hidden, w_.lm_head, vocab, out.logits.data(), pool_);
+  return {};
+}
+
+}  // namespace siesta
