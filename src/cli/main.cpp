@@ -1,16 +1,29 @@
-// siesta: one executable, one subcommand per job.
+// siesta: one executable, one subcommand per job (src/cli/cmd_*.cpp).
 #include <CLI/CLI.hpp>
 
-#include <iostream>
-
+#include "cli/commands.h"
 #include "common/log.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"siesta: LLM serving with P/D disaggregation and sleep mode"};
+  CLI::App app{"siesta: Qwen3 serving with prefill/decode disaggregation and sleep mode"};
   app.require_subcommand(1);
-  std::string log_level = "info";
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off");
-  CLI11_PARSE(app, argc, argv);
-  siesta::init_logging(log_level);
+  std::string log_level = "warn";
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")->capture_default_str();
+  app.parse_complete_callback([&] { siesta::init_logging(log_level); });
+
+  siesta::cli::add_tokenize_command(app);
+  siesta::cli::add_generate_command(app);
+  siesta::cli::add_make_model_command(app);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Usage errors print one line and exit 2; RuntimeError carries a command's own exit code.
+    if (e.get_exit_code() != 0 && dynamic_cast<const CLI::RuntimeError*>(&e) == nullptr) {
+      std::cerr << "siesta: " << e.what() << "\n";
+      return siesta::cli::kExitUsage;
+    }
+    return app.exit(e);
+  }
   return 0;
 }
