@@ -1,0 +1,26 @@
+// SampledToken: what the sampler returns for one sequence in one step.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace siesta {
+
+struct TokenLogprob {
+  int32_t token = 0;
+  double logprob = 0.0;  // natural log, from the raw logits' log-softmax (fp64)
+  int32_t rank = 1;      // 1 + number of tokens with a strictly larger logprob
+};
+
+struct TokenLogprobs {
+  TokenLogprob chosen;             // the sampled token
+  std::vector<TokenLogprob> top;   // the n most likely, most likely first (ties: lower id first)
+};
+
+struct SampledToken {
+  int32_t token = 0;
+  std::optional<TokenLogprobs> logprobs;  // when SamplingParams::logprobs is set
+};
+
+}  // namespace siesta

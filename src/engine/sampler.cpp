@@ -1,0 +1,163 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace siesta {
+namespace {
+
+using Candidate = Sampler::Candidate;
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// NaN counts as -inf; +inf is clamped so that differences stay finite.
+double clean(float logit) {
+  if (std::isnan(logit)) return kNegInf;
+  if (logit == std::numeric_limits<float>::infinity()) return std::numeric_limits<float>::max();
+  return logit;
+}
+
+// Larger score first; equal scores: lower token id first.
+bool better(const Candidate& a, const Candidate& b) {
+  return a.score > b.score || (a.score == b.score && a.token < b.token);
+}
+
+// Sets the scores of the tokens that may not end the request yet to -inf,
+// unless that would leave nothing to sample.
+void mask_stop_tokens(std::vector<Candidate>& work, const SamplingParams& p, std::span<const int32_t> eos) {
+  std::vector<int32_t> masked(p.stop_token_ids.begin(), p.stop_token_ids.end());
+  if (!p.ignore_eos) masked.insert(masked.end(), eos.begin(), eos.end());
+  const auto vocab = static_cast<int32_t>(work.size());
+  size_t finite_left = 0;
+  for (const Candidate& c : work) finite_left += c.score > kNegInf;
+  for (int32_t id : masked) {
+    if (id < 0 || id >= vocab || work[id].score == kNegInf) continue;
+    if (finite_left == 1) return;  // keep the last samplable token
+    work[id].score = kNegInf;
+    --finite_left;
+  }
+}
+
+int32_t argmax(const std::vector<Candidate>& work) {
+  int32_t best = 0;
+  for (size_t i = 1; i < work.size(); ++i)
+    if (work[i].score > work[best].score) best = static_cast<int32_t>(i);
+  return best;
+}
+
+int32_t sample_token(std::span<const float> logits, const SamplingParams& p, uint64_t step,
+                     std::span<const int32_t> eos, RandomGenerator& unseeded, std::vector<Candidate>& work) {
+  work.resize(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) work[i] = {clean(logits[i]), static_cast<int32_t>(i)};
+  if (step < static_cast<uint64_t>(std::max(p.min_tokens, 0))) mask_stop_tokens(work, p, eos);
+
+  // Draw before any early return so that an unseeded request always consumes
+  // exactly one value of the engine stream per random step.
+  const bool greedy = p.greedy();
+  double u = 0.0;
+  if (!greedy) u = to_unit_interval(p.seed ? request_draw(*p.seed, step) : unseeded.next());
+
+  const int32_t best = argmax(work);
+  if (greedy || work[best].score == kNegInf) return best;
+
+  // Temperature; min-p keeps tokens whose probability is at least min_p times
+  // the largest, i.e. scaled logit >= max + log(min_p).
+  const double inv_t = 1.0 / p.temperature;
+  const double max_scaled = work[best].score * inv_t;
+  const double floor = p.min_p > 0.0 ? max_scaled + std::log(p.min_p) : kNegInf;
+  size_t n = 0;
+  for (const Candidate& c : work) {
+    if (c.score == kNegInf) continue;
+    const double s = c.score * inv_t;
+    if (s < floor) continue;
+    work[n++] = {s, c.token};
+  }
+  work.resize(n);
+
+  const bool top_k = p.top_k > 0 && static_cast<size_t>(p.top_k) < work.size();
+  if (top_k) {
+    std::nth_element(work.begin(), work.begin() + p.top_k, work.end(), better);
+    work.resize(p.top_k);
+  }
+  const bool top_p = p.top_p < 1.0;
+  if (top_k || top_p) std::sort(work.begin(), work.end(), better);
+
+  // Unnormalised probabilities in the fixed candidate order.
+  double total = 0.0;
+  for (Candidate& c : work) {
+    c.score = std::exp(c.score - max_scaled);
+    total += c.score;
+  }
+  if (top_p) {
+    // Keep the most likely tokens until their mass reaches top_p (at least one).
+    const double limit = p.top_p * total;
+    double mass = 0.0;
+    size_t keep = 0;
+    while (keep < work.size() && (keep == 0 || mass < limit)) mass += work[keep++].score;
+    work.resize(keep);
+    total = mass;
+  }
+
+  const double target = u * total;
+  double cum = 0.0;
+  for (const Candidate& c : work) {
+    cum += c.score;
+    if (target < cum) return c.token;
+  }
+  return work.back().token;  // rounding: u * total at the very top
+}
+
+}  // namespace
+
+Sampler::Sampler(std::vector<int32_t> eos_token_ids, RandomGenerator unseeded)
+    : eos_token_ids_(std::move(eos_token_ids)), unseeded_(unseeded) {}
+
+SampledToken Sampler::sample(std::span<const float> logits, const SamplingParams& params, uint64_t step) {
+  SampledToken out;
+  out.token = sample_token(logits, params, step, eos_token_ids_, unseeded_, work_);
+  if (params.logprobs) out.logprobs = compute_logprobs(logits, out.token, *params.logprobs);
+  return out;
+}
+
+int32_t sample(std::span<const float> logits, const SamplingParams& params, uint64_t step,
+               RandomGenerator& unseeded, std::span<const int32_t> eos_token_ids) {
+  std::vector<Candidate> work;
+  return sample_token(logits, params, step, eos_token_ids, unseeded, work);
+}
+
+TokenLogprobs compute_logprobs(std::span<const float> logits, int32_t chosen, int32_t n) {
+  double max = kNegInf;
+  for (float l : logits) max = std::max(max, clean(l));
+  double sum = 0.0;
+  if (max > kNegInf)
+    for (float l : logits) sum += std::exp(clean(l) - max);
+  const double lse = max > kNegInf ? max + std::log(sum) : 0.0;
+
+  TokenLogprobs out;
+  const double chosen_logit = clean(logits[chosen]);
+  int32_t rank = 1;
+  for (float l : logits) rank += clean(l) > chosen_logit;
+  out.chosen = {chosen, chosen_logit - lse, rank};
+
+  // Top n by insertion into a short sorted list (n <= 20).
+  const size_t want = std::min(static_cast<size_t>(std::max(n, 0)), logits.size());
+  std::vector<Candidate> top;
+  top.reserve(want + 1);
+  for (size_t i = 0; i < logits.size() && want > 0; ++i) {
+    const Candidate c{clean(logits[i]), static_cast<int32_t>(i)};
+    if (top.size() == want && !better(c, top.back())) continue;
+    top.insert(std::upper_bound(top.begin(), top.end(), c, better), c);
+    if (top.size() > want) top.pop_back();
+  }
+  out.top.reserve(top.size());
+  for (size_t i = 0; i < top.size(); ++i) {
+    // Equal logits share a rank, as vLLM counts strictly larger ones.
+    int32_t r = static_cast<int32_t>(i) + 1;
+    while (r > 1 && top[r - 2].score == top[i].score) --r;
+    out.top.push_back({top[i].token, top[i].score - lse, r});
+  }
+  return out;
+}
+
+}  // namespace siesta

@@ -1,0 +1,62 @@
+// Sampler: one row of logits -> one token, as a request's SamplingParams say.
+//
+//   Sampler sampler(model.config().eos_token_ids, RandomGenerator::from_entropy());
+//   SampledToken t = sampler.sample(out.last(i), request.params, request.num_output_tokens());
+//
+// `step` is the index of the token being generated among the request's outputs
+// (0 for the first). It keys a seeded request's random stream (random.h), so
+// sampling step n of a request gives the same draw whatever is batched with it
+// and however often it was preempted and recomputed; and it decides min_tokens
+// masking (eos and stop token ids are excluded while step < min_tokens).
+//
+// The draw is one uniform number per token, inverted through the cumulative
+// distribution of the candidates that survive temperature, min-p, top-k and
+// top-p (in vLLM's order), accumulated in fp64 in a fixed order. Greedy
+// sampling (temperature 0) takes the largest logit, ties to the lowest id, and
+// uses no randomness. NaN logits count as -inf.
+//
+// Thread safety: a Sampler holds scratch buffers and the engine generator; use
+// one per engine loop, from one thread. The free functions are reentrant.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/random.h"
+#include "engine/sampled_token.h"
+#include "engine/sampling_params.h"
+
+namespace siesta {
+
+class Sampler {
+ public:
+  // eos_token_ids: the model's end-of-sequence ids (masked during min_tokens
+  // unless ignore_eos). unseeded: the generator for requests without a seed.
+  Sampler(std::vector<int32_t> eos_token_ids, RandomGenerator unseeded);
+
+  SampledToken sample(std::span<const float> logits, const SamplingParams& params, uint64_t step);
+
+  const std::vector<int32_t>& eos_token_ids() const { return eos_token_ids_; }
+
+  struct Candidate {
+    double score;
+    int32_t token;
+  };
+
+ private:
+  std::vector<int32_t> eos_token_ids_;
+  RandomGenerator unseeded_;
+  std::vector<Candidate> work_;
+};
+
+// One sequence, one token: the entry point for `siesta generate`. Requests
+// without params.seed draw from `unseeded`.
+int32_t sample(std::span<const float> logits, const SamplingParams& params, uint64_t step,
+               RandomGenerator& unseeded, std::span<const int32_t> eos_token_ids = {});
+
+// Log-probabilities of the raw logits (fp64 log-softmax): the chosen token's,
+// with its rank, and the top n (most likely first, ties to the lower id).
+TokenLogprobs compute_logprobs(std::span<const float> logits, int32_t chosen, int32_t n);
+
+}  // namespace siesta

@@ -1,0 +1,297 @@
+// Sampler: greedy, temperature, top-k, top-p, min-p, seeds, min_tokens, logprobs.
+#include "engine/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+namespace siesta {
+namespace {
+
+// Logits whose softmax is exactly `probs`.
+std::vector<float> logits_for(const std::vector<double>& probs) {
+  std::vector<float> l;
+  for (double p : probs) l.push_back(static_cast<float>(std::log(p)));
+  return l;
+}
+
+// Samples token `n` times with seeds 0..n-1 at step 0; returns frequencies.
+std::vector<double> frequencies(const std::vector<float>& logits, SamplingParams p, int n = 20000) {
+  Sampler sampler({}, RandomGenerator(7));
+  std::vector<double> f(logits.size(), 0.0);
+  for (int i = 0; i < n; ++i) {
+    p.seed = static_cast<uint64_t>(i);
+    f[sampler.sample(logits, p, 0).token] += 1.0 / n;
+  }
+  return f;
+}
+
+SamplingParams random_params(double temperature = 1.0) {
+  SamplingParams p;
+  p.temperature = temperature;
+  return p;
+}
+
+TEST(Sampler, GreedyTakesTheLargestLogitAndTiesGoToTheLowestId) {
+  Sampler sampler({}, RandomGenerator(1));
+  SamplingParams p;
+  p.temperature = 0;
+  EXPECT_EQ(sampler.sample(std::vector<float>{0.1f, 3.0f, -1.0f, 2.0f}, p, 0).token, 1);
+  EXPECT_EQ(sampler.sample(std::vector<float>{1.0f, 5.0f, 5.0f, 5.0f}, p, 0).token, 1);
+  // A seed changes nothing for greedy requests.
+  p.seed = 99;
+  EXPECT_EQ(sampler.sample(std::vector<float>{1.0f, 5.0f, 5.0f, 5.0f}, p, 3).token, 1);
+}
+
+TEST(Sampler, NanLogitsAreNeverChosen) {
+  Sampler sampler({}, RandomGenerator(1));
+  const float nan = std::nanf("");
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  EXPECT_EQ(sampler.sample(std::vector<float>{nan, 1.0f, nan, 0.5f}, greedy, 0).token, 1);
+  for (uint64_t s = 0; s < 200; ++s) {
+    SamplingParams p = random_params();
+    p.seed = s;
+    const int32_t t = sampler.sample(std::vector<float>{nan, 1.0f, nan, 0.5f}, p, 0).token;
+    EXPECT_TRUE(t == 1 || t == 3) << t;
+  }
+}
+
+TEST(Sampler, TemperatureOneFollowsTheSoftmax) {
+  const std::vector<double> probs{0.5, 0.3, 0.15, 0.05};
+  const auto f = frequencies(logits_for(probs), random_params(1.0));
+  for (size_t i = 0; i < probs.size(); ++i) EXPECT_NEAR(f[i], probs[i], 0.015) << i;
+}
+
+TEST(Sampler, TemperatureSharpensAndFlattens) {
+  const std::vector<double> probs{0.5, 0.3, 0.15, 0.05};
+  const auto logits = logits_for(probs);
+  for (double t : {0.5, 2.0}) {
+    std::vector<double> expect;
+    double z = 0;
+    for (double p : probs) z += std::pow(p, 1.0 / t);
+    for (double p : probs) expect.push_back(std::pow(p, 1.0 / t) / z);
+    const auto f = frequencies(logits, random_params(t));
+    for (size_t i = 0; i < probs.size(); ++i) EXPECT_NEAR(f[i], expect[i], 0.015) << "T=" << t << " token " << i;
+  }
+}
+
+TEST(Sampler, TopKKeepsTheKMostLikelyRenormalised) {
+  const std::vector<double> probs{0.1, 0.4, 0.2, 0.3};
+  SamplingParams p = random_params();
+  p.top_k = 2;
+  const auto f = frequencies(logits_for(probs), p);
+  EXPECT_EQ(f[0], 0.0);
+  EXPECT_EQ(f[2], 0.0);
+  EXPECT_NEAR(f[1], 0.4 / 0.7, 0.015);
+  EXPECT_NEAR(f[3], 0.3 / 0.7, 0.015);
+  // -1 and 0 both mean off.
+  for (int32_t off : {0, -1}) {
+    p.top_k = off;
+    const auto g = frequencies(logits_for(probs), p, 5000);
+    EXPECT_GT(g[0], 0.05);
+  }
+}
+
+TEST(Sampler, TopPKeepsTheSmallestSetReachingP) {
+  const std::vector<double> probs{0.05, 0.5, 0.15, 0.3};
+  SamplingParams p = random_params();
+  p.top_p = 0.45;  // 0.5 alone reaches it
+  auto f = frequencies(logits_for(probs), p, 2000);
+  EXPECT_NEAR(f[1], 1.0, 1e-9);
+  p.top_p = 0.7;  // 0.5 + 0.3
+  f = frequencies(logits_for(probs), p);
+  EXPECT_EQ(f[0], 0.0);
+  EXPECT_EQ(f[2], 0.0);
+  EXPECT_NEAR(f[1], 0.5 / 0.8, 0.015);
+  EXPECT_NEAR(f[3], 0.3 / 0.8, 0.015);
+}
+
+TEST(Sampler, TopPAppliesAfterTopK) {
+  // top_k=3 leaves {0.4, 0.3, 0.2} (renormalised 4/9, 3/9, 2/9); top_p=0.7
+  // then needs 4/9 + 3/9 = 0.78.
+  const std::vector<double> probs{0.4, 0.3, 0.2, 0.1};
+  SamplingParams p = random_params();
+  p.top_k = 3;
+  p.top_p = 0.7;
+  const auto f = frequencies(logits_for(probs), p);
+  EXPECT_EQ(f[2], 0.0);
+  EXPECT_EQ(f[3], 0.0);
+  EXPECT_NEAR(f[0], 4.0 / 7.0, 0.015);
+}
+
+TEST(Sampler, MinPDropsTokensBelowAFractionOfTheMostLikely) {
+  const std::vector<double> probs{0.5, 0.3, 0.15, 0.05};
+  SamplingParams p = random_params();
+  p.min_p = 0.2;  // floor 0.1: drops 0.05
+  auto f = frequencies(logits_for(probs), p);
+  EXPECT_EQ(f[3], 0.0);
+  EXPECT_NEAR(f[2], 0.15 / 0.95, 0.015);
+  p.min_p = 0.5;  // floor 0.25
+  f = frequencies(logits_for(probs), p);
+  EXPECT_EQ(f[2], 0.0);
+  EXPECT_NEAR(f[0], 0.5 / 0.8, 0.015);
+}
+
+TEST(Sampler, SeededDrawsDependOnlyOnSeedAndStep) {
+  const auto logits = logits_for({0.25, 0.25, 0.25, 0.25});
+  SamplingParams a = random_params();
+  a.seed = 1234;
+  SamplingParams other = random_params();
+  other.seed = 5;
+  // Alone.
+  Sampler alone({}, RandomGenerator(1));
+  std::vector<int32_t> expect;
+  for (uint64_t step = 0; step < 64; ++step) expect.push_back(alone.sample(logits, a, step).token);
+  // Interleaved with other seeded and unseeded requests, steps out of order
+  // (as after a preemption), on a sampler with another engine seed.
+  Sampler busy({}, RandomGenerator(999));
+  SamplingParams unseeded = random_params();
+  for (uint64_t step = 64; step-- > 0;) {
+    busy.sample(logits, other, step * 3);
+    busy.sample(logits, unseeded, 0);
+    EXPECT_EQ(busy.sample(logits, a, step).token, expect[step]) << step;
+  }
+  // The stream is not constant: all four tokens appear.
+  std::map<int32_t, int> seen;
+  for (int32_t t : expect) ++seen[t];
+  EXPECT_EQ(seen.size(), 4u);
+}
+
+TEST(Sampler, UnseededRequestsFollowTheEngineGenerator) {
+  const auto logits = logits_for({0.25, 0.25, 0.25, 0.25});
+  SamplingParams p = random_params();
+  Sampler s1({}, RandomGenerator(42)), s2({}, RandomGenerator(42)), s3({}, RandomGenerator(43));
+  std::vector<int32_t> a, b, c;
+  for (int i = 0; i < 64; ++i) {
+    a.push_back(s1.sample(logits, p, 0).token);
+    b.push_back(s2.sample(logits, p, 0).token);
+    c.push_back(s3.sample(logits, p, 0).token);
+  }
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+}
+
+TEST(Sampler, FreeFunctionMatchesTheSampler) {
+  const auto logits = logits_for({0.1, 0.2, 0.3, 0.4});
+  SamplingParams p = random_params(0.8);
+  p.seed = 77;
+  p.top_k = 3;
+  Sampler sampler({}, RandomGenerator(0));
+  RandomGenerator rng(0);
+  for (uint64_t step = 0; step < 32; ++step)
+    EXPECT_EQ(sample(logits, p, step, rng), sampler.sample(logits, p, step).token);
+  p.seed.reset();
+  RandomGenerator r1(5), r2(5);
+  Sampler s2({}, RandomGenerator(5));
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(sample(logits, p, 0, r1), s2.sample(logits, p, 0).token);
+  (void)r2;
+}
+
+TEST(Sampler, MinTokensMasksEosAndStopTokensUntilReached) {
+  // Token 3 is eos, token 2 a stop token; both far more likely than the rest.
+  const std::vector<float> logits{0.0f, 1.0f, 9.0f, 10.0f};
+  Sampler sampler({3}, RandomGenerator(1));
+  SamplingParams p;
+  p.temperature = 0;
+  p.min_tokens = 2;
+  p.stop_token_ids = {2};
+  EXPECT_EQ(sampler.sample(logits, p, 0).token, 1);
+  EXPECT_EQ(sampler.sample(logits, p, 1).token, 1);
+  EXPECT_EQ(sampler.sample(logits, p, 2).token, 3);
+  // ignore_eos: eos is an ordinary token, so it is not masked.
+  p.ignore_eos = true;
+  EXPECT_EQ(sampler.sample(logits, p, 0).token, 3);
+  // Random sampling never picks a masked token either.
+  p.ignore_eos = false;
+  p.temperature = 1.0;
+  for (uint64_t s = 0; s < 200; ++s) {
+    p.seed = s;
+    EXPECT_LT(sampler.sample(logits, p, 1).token, 2);
+  }
+}
+
+TEST(Sampler, LogprobsComeFromTheRawLogits) {
+  const std::vector<float> logits{1.0f, 3.0f, 2.0f, 3.0f, -1.0f};
+  double z = 0;
+  for (float l : logits) z += std::exp(static_cast<double>(l));
+  auto lp = [&](int i) { return static_cast<double>(logits[i]) - std::log(z); };
+
+  SamplingParams p;
+  p.temperature = 0.3;  // does not change logprobs
+  p.top_k = 2;
+  p.seed = 3;
+  p.logprobs = 3;
+  Sampler sampler({}, RandomGenerator(1));
+  const SampledToken t = sampler.sample(logits, p, 0);
+  ASSERT_TRUE(t.logprobs.has_value());
+  EXPECT_NEAR(t.logprobs->chosen.logprob, lp(t.token), 1e-12);
+  ASSERT_EQ(t.logprobs->top.size(), 3u);
+  EXPECT_EQ(t.logprobs->top[0].token, 1);
+  EXPECT_EQ(t.logprobs->top[1].token, 3);
+  EXPECT_EQ(t.logprobs->top[2].token, 2);
+  EXPECT_EQ(t.logprobs->top[0].rank, 1);
+  EXPECT_EQ(t.logprobs->top[1].rank, 1);  // tied with token 1
+  EXPECT_EQ(t.logprobs->top[2].rank, 3);
+  EXPECT_NEAR(t.logprobs->top[2].logprob, lp(2), 1e-12);
+
+  const TokenLogprobs worst = compute_logprobs(logits, 4, 0);
+  EXPECT_TRUE(worst.top.empty());
+  EXPECT_EQ(worst.chosen.rank, 5);
+  EXPECT_NEAR(worst.chosen.logprob, lp(4), 1e-12);
+
+  p.logprobs.reset();
+  EXPECT_FALSE(sampler.sample(logits, p, 0).logprobs.has_value());
+}
+
+TEST(Sampler, LogprobsStayFiniteForLargeLogits) {
+  const std::vector<float> logits{1000.0f, 999.0f, -1000.0f};
+  const TokenLogprobs lp = compute_logprobs(logits, 0, 2);
+  EXPECT_NEAR(lp.chosen.logprob, -std::log1p(std::exp(-1.0)), 1e-12);
+  EXPECT_TRUE(std::isfinite(lp.top[1].logprob));
+}
+
+TEST(SamplingParams, DefaultsAreValid) { EXPECT_TRUE(SamplingParams{}.validate()); }
+
+TEST(SamplingParams, OutOfRangeValuesAreRefusedWithTheFieldNamed) {
+  struct Case {
+    void (*set)(SamplingParams&);
+    const char* field;
+  };
+  const Case cases[] = {
+      {[](SamplingParams& p) { p.temperature = -0.5; }, "temperature"},
+      {[](SamplingParams& p) { p.temperature = std::nan(""); }, "temperature"},
+      {[](SamplingParams& p) { p.top_p = 0.0; }, "top_p"},
+      {[](SamplingParams& p) { p.top_p = 1.5; }, "top_p"},
+      {[](SamplingParams& p) { p.top_k = -2; }, "top_k"},
+      {[](SamplingParams& p) { p.min_p = -0.1; }, "min_p"},
+      {[](SamplingParams& p) { p.min_p = 1.1; }, "min_p"},
+      {[](SamplingParams& p) { p.max_tokens = 0; }, "max_tokens"},
+      {[](SamplingParams& p) { p.min_tokens = -1; }, "min_tokens"},
+      {[](SamplingParams& p) { p.min_tokens = 20; }, "min_tokens"},
+      {[](SamplingParams& p) { p.logprobs = 21; }, "logprobs"},
+      {[](SamplingParams& p) { p.logprobs = -1; }, "logprobs"},
+      {[](SamplingParams& p) { p.stop = {"ok", ""}; }, "stop"},
+      {[](SamplingParams& p) { p.stop_token_ids = {-3}; }, "stop_token_ids"},
+  };
+  for (const Case& c : cases) {
+    SamplingParams p;
+    c.set(p);
+    auto r = p.validate();
+    ASSERT_FALSE(r) << c.field;
+    EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument);
+    EXPECT_NE(r.error().message.find(c.field), std::string::npos) << r.error().message;
+  }
+  SamplingParams ok;
+  ok.top_k = -1;
+  ok.max_tokens.reset();
+  ok.min_tokens = 100;
+  ok.logprobs = 20;
+  ok.temperature = 0;
+  EXPECT_TRUE(ok.validate());
+}
+
+}  // namespace
+}  // namespace siesta
