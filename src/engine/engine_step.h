@@ -1,0 +1,30 @@
+// run_step: one engine step on the calling thread: schedule, forward, sample,
+// update. The engine loop calls it repeatedly; `siesta generate` and tests
+// call it directly.
+//
+//   ForwardOutput logits;                       // reused across steps
+//   while (scheduler.has_unfinished()) {
+//     Result<std::vector<RequestOutput>> outs = run_step(scheduler, model, kv, sampler, logits);
+//     if (!outs) ...;                           // forward failed: see below
+//   }
+//
+// An empty result means nothing was scheduled (all waiting for blocks or for
+// remote KV). If forward fails, no request advances (computed tokens move only
+// in update) and the error is returned; the caller decides whether to retry or
+// to abort the requests of that step (SchedulerOutput is not kept).
+#pragma once
+
+#include <vector>
+
+#include "common/status.h"
+#include "engine/request_output.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "model/forward.h"
+
+namespace siesta {
+
+Result<std::vector<RequestOutput>> run_step(Scheduler& scheduler, Model& model, const KvCacheView& kv,
+                                            Sampler& sampler, ForwardOutput& logits);
+
+}  // namespace siesta
