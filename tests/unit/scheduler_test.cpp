@@ -106,6 +106,13 @@ class TestEngine {
     sched = std::move(*s);
   }
 
+  // Every test leaves no request and no block behind.
+  ~TestEngine() {
+    EXPECT_FALSE(sched->has_unfinished());
+    EXPECT_EQ(pool.num_free_blocks(), pool.num_blocks()) << "blocks leaked";
+    EXPECT_EQ(pool.stats().num_holds, 0);
+  }
+
   void add(NewRequest r) {
     auto ok = sched->add_request(std::move(r));
     ASSERT_TRUE(ok) << ok.error().message;
