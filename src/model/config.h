@@ -7,6 +7,8 @@
 // "rope_parameters": {"rope_theta", "rope_type": "default"} (newer). head_dim
 // defaults to hidden_size / num_attention_heads when absent. Missing or
 // inconsistent fields give a one-line error naming the field and the file.
+// rope_type other than "default" (yarn, linear, ...), attention biases and
+// sliding-window attention are refused: the forward does not implement them.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -43,6 +45,8 @@ struct ModelConfig {
   // Reads DIR/config.json, and DIR/generation_config.json for extra eos ids if present.
   static Result<ModelConfig> load(const std::filesystem::path& model_dir);
   nlohmann::json to_json() const;  // the HF layout, as make-model writes it
+
+  bool operator==(const ModelConfig&) const = default;
 };
 
 }  // namespace siesta

@@ -12,6 +12,11 @@
 //
 // Writing:
 //   write_safetensors(path, {TensorData{name, dtype, shape, bytes}...}, metadata)
+// or, for data that does not fit in memory at once (make-model's 16 GB checkpoints):
+//   SIESTA_ASSIGN_OR_RETURN(auto w, SafetensorsWriter::create(path, specs, metadata));
+//   w.append(bytes) ... (the tensors' data in the order of specs, in any pieces)
+//   w.finish();   // checks every byte arrived, then renames PATH.partial to PATH
+// A writer destroyed before finish() removes its partial file.
 //
 // Format: 8-byte little-endian header length N, N bytes of JSON
 // {"name": {"dtype": "BF16", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {...}},
@@ -38,6 +43,8 @@ const char* dtype_name(DType d);        // "BF16", "F16", ...
 size_t dtype_size(DType d);
 Result<DType> parse_dtype(const std::string& name);
 
+// Data pointers of a TensorView are not necessarily aligned to the element size
+// (the format does not require it); read through memcpy or convert_to_f32.
 struct TensorView {
   std::string name;
   DType dtype = DType::kF32;
@@ -66,6 +73,9 @@ class TensorStore {
   ~TensorStore();
 
   bool contains(const std::string& name) const;
+  // The tensor as its file describes it, unchecked; nullptr when absent. For tools that
+  // inspect a checkpoint; loaders use get(), which checks what they expect.
+  const TensorView* find(const std::string& name) const;
   std::vector<std::string> names() const;
   // shape: the expected shape; dtypes: the accepted dtypes (empty = any float dtype).
   Result<TensorView> get(const std::string& name, const std::vector<int64_t>& shape,
@@ -74,8 +84,42 @@ class TensorStore {
 
  private:
   TensorStore();
+  Result<void> add_file(const std::filesystem::path& path);
+
+  std::string source_;  // the directory or file opened, for "not found" messages
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, TensorView> tensors_;
+};
+
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+
+  Result<size_t> nbytes() const;  // numel * dtype size; an error if it overflows or a dim is negative
+};
+
+class SafetensorsWriter {
+ public:
+  static Result<SafetensorsWriter> create(const std::filesystem::path& path, const std::vector<TensorSpec>& tensors,
+                                          const std::map<std::string, std::string>& metadata = {});
+  SafetensorsWriter(SafetensorsWriter&&) noexcept;
+  SafetensorsWriter& operator=(SafetensorsWriter&&) noexcept;
+  ~SafetensorsWriter();
+
+  Result<void> append(std::span<const std::byte> bytes);
+  Result<void> finish();
+  size_t data_bytes() const { return data_bytes_; }  // the size of the data section
+
+ private:
+  SafetensorsWriter() = default;
+  void discard();
+
+  std::filesystem::path path_;
+  std::filesystem::path partial_path_;
+  int fd_ = -1;
+  size_t data_bytes_ = 0;
+  size_t written_ = 0;
 };
 
 struct TensorData {
@@ -88,9 +132,10 @@ struct TensorData {
 Result<void> write_safetensors(const std::filesystem::path& path, const std::vector<TensorData>& tensors,
                                const std::map<std::string, std::string>& metadata = {});
 
-// bf16 <-> f32 (round to nearest even), f16 -> f32.
+// bf16/f16 <-> f32. f32 -> bf16/f16 round to nearest even; NaN stays NaN, infinities stay.
 float bf16_to_f32(uint16_t v);
 uint16_t f32_to_bf16(float v);
 float f16_to_f32(uint16_t v);
+uint16_t f32_to_f16(float v);
 
 }  // namespace siesta
