@@ -79,24 +79,34 @@ int32_t sample_token(std::span<const float> logits, const SamplingParams& p, uin
   if (top_k) {
     std::nth_element(work.begin(), work.begin() + p.top_k, work.end(), better);
     work.resize(p.top_k);
+    std::sort(work.begin(), work.end(), better);
   }
-  const bool top_p = p.top_p < 1.0;
-  if (top_k || top_p) std::sort(work.begin(), work.end(), better);
 
-  // Unnormalised probabilities in the fixed candidate order.
+  // Unnormalised probabilities, summed in the candidates' (fixed) order.
   double total = 0.0;
   for (Candidate& c : work) {
     c.score = std::exp(c.score - max_scaled);
     total += c.score;
   }
-  if (top_p) {
-    // Keep the most likely tokens until their mass reaches top_p (at least one).
+  if (p.top_p < 1.0) {
+    // Keep the most likely tokens until their mass reaches top_p (at least
+    // one). Sorting only a growing head of the candidates gives the same head
+    // as a full sort: `better` is a total order.
     const double limit = p.top_p * total;
-    double mass = 0.0;
-    size_t keep = 0;
-    while (keep < work.size() && (keep == 0 || mass < limit)) mass += work[keep++].score;
-    work.resize(keep);
-    total = mass;
+    size_t head = std::min<size_t>(work.size(), 256);
+    for (;;) {
+      if (head < work.size()) std::nth_element(work.begin(), work.begin() + head, work.end(), better);
+      std::sort(work.begin(), work.begin() + head, better);
+      double mass = 0.0;
+      size_t keep = 0;
+      while (keep < head && (keep == 0 || mass < limit)) mass += work[keep++].score;
+      if (mass >= limit || head == work.size()) {
+        work.resize(keep);
+        total = mass;
+        break;
+      }
+      head = std::min(work.size(), head * 4);
+    }
   }
 
   const double target = u * total;

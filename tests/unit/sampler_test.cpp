@@ -109,6 +109,30 @@ TEST(Sampler, TopPKeepsTheSmallestSetReachingP) {
   EXPECT_NEAR(f[3], 0.3 / 0.8, 0.015);
 }
 
+TEST(Sampler, TopPOverALargeVocabularyCutsWhereAFullSortWould) {
+  // 3000 slowly decreasing logits: top_p=0.6 keeps hundreds of tokens, more
+  // than the first head the sampler sorts.
+  std::vector<float> logits(3000);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = -0.001f * static_cast<float>(i);
+  double total = 0;
+  for (float l : logits) total += std::exp(static_cast<double>(l));
+  size_t cut = 0;
+  double mass = 0;
+  while (mass < 0.6 * total) mass += std::exp(static_cast<double>(logits[cut++]));
+  ASSERT_GT(cut, 256u);
+  SamplingParams p = random_params();
+  p.top_p = 0.6;
+  Sampler sampler({}, RandomGenerator(1));
+  size_t highest = 0;
+  for (uint64_t s = 0; s < 4000; ++s) {
+    p.seed = s;
+    const auto t = static_cast<size_t>(sampler.sample(logits, p, 0).token);
+    EXPECT_LT(t, cut);
+    highest = std::max(highest, t);
+  }
+  EXPECT_GT(highest, cut * 95 / 100);
+}
+
 TEST(Sampler, TopPAppliesAfterTopK) {
   // top_k=3 leaves {0.4, 0.3, 0.2} (renormalised 4/9, 3/9, 2/9); top_p=0.7
   // then needs 4/9 + 3/9 = 0.78.
