@@ -1,0 +1,42 @@
+// CUDA pieces of the ipc backend: mapping a peer's cuMem allocation (exported
+// as a POSIX file descriptor) into this process, and copying with
+// cudaMemcpyAsync. Compiled when the build has CUDA (SIESTA_HAVE_CUDA); without
+// it every call fails with a message that says so. Host-memory transfers
+// never call into this file.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+
+namespace siesta::transfer::ipc {
+
+// A peer's allocation mapped here with read/write access for one device.
+struct CudaImport {
+  uint64_t address = 0;  // CUdeviceptr of the mapping
+  size_t size = 0;       // mapped bytes (the whole allocation, rounded to the granularity)
+  uint64_t handle = 0;   // CUmemGenericAllocationHandle
+};
+
+bool cuda_compiled();
+
+// Imports the allocation behind `fd` (cuMemImportFromShareableHandle), reserves
+// address space, maps `bytes` of it and grants `device` read/write access.
+// The caller keeps (and closes) fd.
+Result<CudaImport> cuda_import(int fd, size_t bytes, int device);
+// Unmaps and releases; safe on an empty import.
+void cuda_release(CudaImport& import);
+
+struct CopyPiece {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t bytes = 0;
+};
+
+// Copies every piece (host, device or imported memory on either side) with
+// cudaMemcpyAsync on a stream of `device`, then waits for the stream.
+Ok cuda_copy(const std::vector<CopyPiece>& pieces, int device);
+
+}  // namespace siesta::transfer::ipc

@@ -1,0 +1,120 @@
+#include "transfer/ipc/ipc_peer.h"
+
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "transfer/ipc/ipc_backend.h"
+#include "transfer/ipc/unix_socket.h"
+#include "transfer/region_table.h"
+
+namespace siesta::transfer::ipc {
+
+IpcPeer::IpcPeer(IpcBackend& backend, EngineMeta meta, int sock, const uint64_t* table, size_t table_bytes,
+                 std::vector<ImportedRegion> regions, int cuda_device)
+    : backend_(backend),
+      meta_(std::move(meta)),
+      sock_(sock),
+      table_(table),
+      table_bytes_(table_bytes),
+      regions_(std::move(regions)),
+      cuda_device_(cuda_device) {}
+
+IpcPeer::~IpcPeer() {
+  std::lock_guard<std::mutex> lock(mu_);
+  unmap_locked();
+}
+
+void IpcPeer::unmap_locked() {
+  if (unmapped_) return;
+  unmapped_ = true;
+  for (ImportedRegion& r : regions_) {
+    if (r.kind == MemoryKind::kCuda) {
+      cuda_release(r.cuda);
+    } else if (r.map_base != nullptr) {
+      munmap(r.map_base, r.map_bytes);
+    }
+  }
+  regions_.clear();
+  if (table_ != nullptr) munmap(const_cast<uint64_t*>(table_), table_bytes_);
+  table_ = nullptr;
+  if (sock_ >= 0) close(sock_);
+  sock_ = -1;
+}
+
+void IpcPeer::post(XferPlan plan, XferDone done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (released_) {
+      done(unavailable(fmt::format("the memory of peer {} was released after its INVALIDATE; handshake again",
+                                   meta_.engine_id)));
+      return;
+    }
+    ++in_flight_;
+  }
+  auto self = shared_from_this();
+  backend_.enqueue_copy([self, plan = std::move(plan), done = std::move(done)](bool stopping) {
+    Ok result = stopping ? Ok(unavailable("the transfer engine is shutting down")) : self->execute(plan);
+    {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      if (--self->in_flight_ == 0) self->idle_cv_.notify_all();
+    }
+    done(std::move(result));
+  });
+}
+
+Ok IpcPeer::release(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  released_ = true;
+  if (!idle_cv_.wait_until(lock, deadline, [&] { return in_flight_ == 0; }))
+    return timeout(fmt::format("{} copies with peer {} were still running at the deadline; its memory stays mapped "
+                               "until they end",
+                               in_flight_, meta_.engine_id));
+  unmap_locked();
+  return {};
+}
+
+Ok IpcPeer::check_peer(const XferPlan& plan) const {
+  if (peer_hung_up(sock_))
+    return unavailable(fmt::format("peer {} exited (its ipc socket closed)", meta_.engine_id));
+  size_t words = table_bytes_ / sizeof(uint64_t);
+  for (const XferSegment& s : plan.segments) {
+    const RegionDesc& d = meta_.regions[s.remote_index];
+    SIESTA_TRY(check_region_live(table_, words, d.slot, d.id, meta_.epoch));
+  }
+  return {};
+}
+
+Ok IpcPeer::execute(const XferPlan& plan) {
+  if (expired(plan.deadline)) return timeout("the deadline passed before the copy started");
+  {
+    // release() waits for this copy, so the mappings stay while it runs.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (unmapped_) return unavailable(fmt::format("the memory of peer {} was released; handshake again", meta_.engine_id));
+  }
+  Ok before = check_peer(plan);
+  if (!before) return before.error().with_context("nothing was copied");
+
+  std::vector<CopyPiece> cuda_pieces;
+  for (const XferSegment& s : plan.segments) {
+    const ImportedRegion& r = regions_[s.remote_index];
+    char* remote = r.data + s.remote_offset;
+    CopyPiece piece = plan.op == XferOp::kWrite ? CopyPiece{remote, s.local, s.bytes} : CopyPiece{s.local, remote, s.bytes};
+    if (r.kind == MemoryKind::kCuda || s.local_kind == MemoryKind::kCuda) {
+      cuda_pieces.push_back(piece);
+    } else {
+      std::memcpy(piece.dst, piece.src, piece.bytes);
+    }
+  }
+  if (!cuda_pieces.empty()) SIESTA_TRY(cuda_copy(cuda_pieces, cuda_device_));
+
+  Ok after = check_peer(plan);
+  if (!after)
+    return after.error().with_context(plan.op == XferOp::kRead ? "the bytes read are not trusted"
+                                                               : "the bytes written may not have reached the peer");
+  return {};
+}
+
+}  // namespace siesta::transfer::ipc

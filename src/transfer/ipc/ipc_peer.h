@@ -1,0 +1,64 @@
+// IpcPeer: what the ipc backend imported from one remote engine on this host:
+// its regions mapped into this process (mmap of memfds, cuMemMap of CUDA
+// FDs), its region table mapped read-only, and the Unix socket that stays
+// open as a liveness signal (it closes when the peer process exits).
+//
+// post() queues a copy on the backend's copy thread: check the peer is alive
+// and every remote region is live at our descriptor's epoch, copy (memcpy,
+// or cudaMemcpyAsync when either side is CUDA memory), check again.
+// release() waits for queued copies, then unmaps and closes everything.
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "transfer/engine_meta.h"
+#include "transfer/ipc/cuda_import.h"
+#include "transfer/transfer_backend.h"
+
+namespace siesta::transfer::ipc {
+
+class IpcBackend;
+
+// One remote region mapped here.
+struct ImportedRegion {
+  void* map_base = nullptr;  // host: what munmap takes
+  size_t map_bytes = 0;
+  char* data = nullptr;      // the region's first byte in our address space
+  MemoryKind kind = MemoryKind::kHost;
+  CudaImport cuda;           // kCuda only
+};
+
+class IpcPeer final : public BackendPeer, public std::enable_shared_from_this<IpcPeer> {
+ public:
+  // Takes ownership of `sock`, the table mapping and every import.
+  IpcPeer(IpcBackend& backend, EngineMeta meta, int sock, const uint64_t* table, size_t table_bytes,
+          std::vector<ImportedRegion> regions, int cuda_device);
+  ~IpcPeer() override;
+
+  void post(XferPlan plan, XferDone done) override;
+  Ok release(Deadline deadline) override;
+
+ private:
+  Ok execute(const XferPlan& plan);
+  Ok check_peer(const XferPlan& plan) const;
+  void unmap_locked();
+
+  IpcBackend& backend_;
+  const EngineMeta meta_;
+  int sock_;
+  const uint64_t* table_;
+  size_t table_bytes_;
+  std::vector<ImportedRegion> regions_;  // parallel to meta_.regions
+  int cuda_device_;
+
+  std::mutex mu_;
+  std::condition_variable idle_cv_;
+  size_t in_flight_ = 0;
+  bool released_ = false;
+  bool unmapped_ = false;
+};
+
+}  // namespace siesta::transfer::ipc

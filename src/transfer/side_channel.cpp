@@ -1,0 +1,484 @@
+#include "transfer/side_channel.h"
+
+#include <asio.hpp>
+#include <fmt/format.h>
+
+#include <array>
+#include <cstdlib>
+#include <future>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/log.h"
+
+namespace siesta::transfer {
+
+using asio::ip::tcp;
+
+namespace {
+
+constexpr size_t kReadChunk = 64 * 1024;
+// How long a caller waits past its deadline for the I/O thread to report the
+// timeout it enforces itself, before giving up on it.
+constexpr auto kDeadlineGrace = std::chrono::milliseconds(200);
+
+std::string endpoint_text(const tcp::endpoint& ep) {
+  if (ep.address().is_v6()) return fmt::format("[{}]:{}", ep.address().to_string(), ep.port());
+  return fmt::format("{}:{}", ep.address().to_string(), ep.port());
+}
+
+// "host:port" or "[v6]:port".
+Result<std::pair<std::string, std::string>> split_address(const std::string& address) {
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
+    return invalid_argument(fmt::format("side-channel address '{}' is not host:port", address));
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return std::make_pair(host, address.substr(colon + 1));
+}
+
+}  // namespace
+
+struct SideChannel::Pending::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<Result<Frame>> result;
+  Deadline deadline;
+  SideChannel::AnswerCallback then;
+
+  void finish(Result<Frame> r) {
+    if (then) {
+      AnswerCallback cb = std::move(then);
+      then = nullptr;
+      cb(std::move(r));
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (result) return;
+    result.emplace(std::move(r));
+    cv.notify_all();
+  }
+};
+
+Result<Frame> SideChannel::Pending::wait() {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  state_->cv.wait_until(lock, state_->deadline + kDeadlineGrace, [&] { return state_->result.has_value(); });
+  if (!state_->result) return timeout("no answer on the side channel before the deadline");
+  return *state_->result;
+}
+
+namespace {
+
+struct ServerConnection;
+struct ClientCall;
+
+// An idle client connection kept for reuse.
+struct ClientConnection {
+  explicit ClientConnection(asio::io_context& io, uint32_t max_payload) : socket(io), parser(max_payload) {}
+  tcp::socket socket;
+  FrameParser parser;
+};
+
+}  // namespace
+
+struct SideChannel::Impl {
+  SideChannelOptions options;
+  RequestHandler handler;
+  asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
+  tcp::acceptor acceptor{io};
+  asio::thread_pool handlers;
+  std::thread io_thread;
+  std::string address;
+  std::atomic<bool> stopped{false};
+  std::mutex stop_mu;
+
+  // I/O-thread state.
+  std::unordered_map<ServerConnection*, std::weak_ptr<ServerConnection>> connections;
+  std::unordered_map<ClientCall*, std::weak_ptr<ClientCall>> calls;
+  std::map<std::string, std::vector<std::unique_ptr<ClientConnection>>> idle;
+
+  explicit Impl(const SideChannelOptions& o, RequestHandler h)
+      : options(o), handler(std::move(h)), handlers(o.handler_threads == 0 ? 1 : o.handler_threads) {}
+
+  void accept();
+  void start_call(std::shared_ptr<ClientCall> call);
+  void shutdown_on_io_thread();
+};
+
+namespace {
+
+struct ServerConnection : std::enable_shared_from_this<ServerConnection> {
+  ServerConnection(SideChannel::Impl* o, tcp::socket s)
+      : owner(o), socket(std::move(s)), parser(o->options.max_frame_payload) {
+    asio::error_code ec;
+    auto ep = socket.remote_endpoint(ec);
+    remote = ec ? std::string("unknown") : endpoint_text(ep);
+  }
+
+  void start() {
+    owner->connections[this] = weak_from_this();
+    read();
+  }
+
+  void read() {
+    auto self = shared_from_this();
+    socket.async_read_some(asio::buffer(buf), [self](const asio::error_code& ec, size_t n) {
+      if (ec) {
+        self->close();
+        return;
+      }
+      self->parser.feed(std::string_view(self->buf.data(), n));
+      self->process();
+    });
+  }
+
+  void process() {
+    auto next = parser.next();
+    if (!next) {
+      drop(next.error());
+      return;
+    }
+    if (!*next) {
+      read();
+      return;
+    }
+    auto self = shared_from_this();
+    asio::post(owner->handlers, [self, frame = std::move(**next)]() mutable {
+      Result<Frame> answer = [&]() -> Result<Frame> {
+        if (self->owner->stopped) return unavailable("the engine is shutting down");
+        return self->owner->handler(frame, self->remote);
+      }();
+      asio::post(self->socket.get_executor(), [self, answer = std::move(answer)]() mutable {
+        if (!answer) {
+          self->drop(answer.error());
+          return;
+        }
+        self->write(encode_frame(*answer));
+      });
+    });
+  }
+
+  void write(std::string bytes) {
+    out = std::move(bytes);
+    auto self = shared_from_this();
+    asio::async_write(socket, asio::buffer(out), [self](const asio::error_code& ec, size_t) {
+      if (ec) {
+        self->close();
+        return;
+      }
+      self->process();
+    });
+  }
+
+  // A protocol violation: one log line, then the connection is closed.
+  void drop(const Status& why) {
+    if (!owner->stopped)
+      SIESTA_LOG_WARN("side channel {}: closing the connection from {}: {}", owner->address, remote, why.message);
+    close();
+  }
+
+  void close() {
+    asio::error_code ignored;
+    socket.shutdown(tcp::socket::shutdown_both, ignored);
+    socket.close(ignored);
+    owner->connections.erase(this);
+  }
+
+  SideChannel::Impl* owner;
+  tcp::socket socket;
+  FrameParser parser;
+  std::string remote;
+  std::array<char, kReadChunk> buf{};
+  std::string out;
+};
+
+struct ClientCall : std::enable_shared_from_this<ClientCall> {
+  ClientCall(SideChannel::Impl* o, std::string addr, std::string bytes, std::shared_ptr<SideChannel::Pending::State> st)
+      : owner(o), address(std::move(addr)), out(std::move(bytes)), state(std::move(st)), timer(o->io) {}
+
+  void start() {
+    owner->calls[this] = weak_from_this();
+    timer.expires_at(state->deadline);
+    auto self = shared_from_this();
+    timer.async_wait([self](const asio::error_code& ec) {
+      if (ec) return;  // cancelled: the call finished first
+      self->fail(timeout(fmt::format("side channel {}: no answer before the deadline", self->address)));
+    });
+    auto& pool = owner->idle[address];
+    if (!pool.empty()) {
+      conn = std::move(pool.back());
+      pool.pop_back();
+      reused = true;
+      send();
+    } else {
+      connect();
+    }
+  }
+
+  void connect() {
+    conn = std::make_unique<ClientConnection>(owner->io, owner->options.max_frame_payload);
+    reused = false;
+    auto parts = split_address(address);
+    if (!parts) {
+      fail(parts.error());
+      return;
+    }
+    asio::error_code ec;
+    auto ip = asio::ip::make_address(parts->first, ec);
+    auto self = shared_from_this();
+    if (!ec) {
+      unsigned long port = std::strtoul(parts->second.c_str(), nullptr, 10);
+      if (port == 0 || port > 65535) {
+        fail(invalid_argument(fmt::format("side-channel address '{}' has no valid port", address)));
+        return;
+      }
+      tcp::endpoint ep(ip, static_cast<uint16_t>(port));
+      conn->socket.async_connect(ep, [self](const asio::error_code& ec2) { self->on_connect(ec2); });
+      return;
+    }
+    resolver = std::make_unique<tcp::resolver>(owner->io);
+    resolver->async_resolve(parts->first, parts->second,
+                            [self](const asio::error_code& ec2, const tcp::resolver::results_type& results) {
+                              if (ec2) {
+                                self->fail(unavailable(fmt::format("cannot resolve side-channel address {}: {}",
+                                                                   self->address, ec2.message())));
+                                return;
+                              }
+                              asio::async_connect(self->conn->socket, results,
+                                                  [self](const asio::error_code& ec3, const tcp::endpoint&) {
+                                                    self->on_connect(ec3);
+                                                  });
+                            });
+  }
+
+  void on_connect(const asio::error_code& ec) {
+    if (done) return;
+    if (ec) {
+      fail(unavailable(fmt::format("cannot connect to the side channel at {}: {} (is the peer engine running?)",
+                                   address, ec.message())));
+      return;
+    }
+    asio::error_code ignored;
+    conn->socket.set_option(tcp::no_delay(true), ignored);
+    send();
+  }
+
+  void send() {
+    auto self = shared_from_this();
+    asio::async_write(conn->socket, asio::buffer(out), [self](const asio::error_code& ec, size_t) {
+      if (self->done) return;
+      if (ec) {
+        self->lost(ec);
+        return;
+      }
+      self->read();
+    });
+  }
+
+  void read() {
+    auto next = conn->parser.next();
+    if (!next) {
+      fail(next.error().with_context(fmt::format("answer from {}", address)));
+      return;
+    }
+    if (*next) {
+      if (conn->parser.buffered() != 0) {
+        fail(corrupt(fmt::format("side channel {} sent more than one answer", address)));
+        return;
+      }
+      Frame answer = std::move(**next);
+      finish_ok(std::move(answer));
+      return;
+    }
+    auto self = shared_from_this();
+    conn->socket.async_read_some(asio::buffer(buf), [self](const asio::error_code& ec, size_t n) {
+      if (self->done) return;
+      if (ec) {
+        self->lost(ec);
+        return;
+      }
+      self->got_bytes = true;
+      self->conn->parser.feed(std::string_view(self->buf.data(), n));
+      self->read();
+    });
+  }
+
+  // The connection broke. A reused idle connection that the peer had closed
+  // (it restarted, or shut down and came back) is retried once on a fresh one,
+  // provided no answer byte had arrived.
+  void lost(const asio::error_code& ec) {
+    if (reused && !got_bytes) {
+      close_conn();
+      connect();
+      return;
+    }
+    fail(unavailable(fmt::format("side-channel connection to {} lost: {}", address, ec.message())));
+  }
+
+  void finish_ok(Frame answer) {
+    if (done) return;
+    done = true;
+    timer.cancel();
+    auto& pool = owner->idle[address];
+    if (!owner->stopped && pool.size() < owner->options.idle_connections_per_address) {
+      pool.push_back(std::move(conn));
+    } else {
+      close_conn();
+    }
+    owner->calls.erase(this);
+    state->finish(std::move(answer));
+  }
+
+  void fail(Status why) {
+    if (done) return;
+    done = true;
+    timer.cancel();
+    close_conn();
+    owner->calls.erase(this);
+    state->finish(std::move(why));
+  }
+
+  void close_conn() {
+    if (!conn) return;
+    asio::error_code ignored;
+    conn->socket.close(ignored);
+    conn.reset();
+  }
+
+  SideChannel::Impl* owner;
+  std::string address;
+  std::string out;
+  std::shared_ptr<SideChannel::Pending::State> state;
+  asio::steady_timer timer;
+  std::unique_ptr<ClientConnection> conn;
+  std::unique_ptr<tcp::resolver> resolver;
+  std::array<char, kReadChunk> buf{};
+  bool reused = false;
+  bool got_bytes = false;
+  bool done = false;
+};
+
+}  // namespace
+
+void SideChannel::Impl::accept() {
+  acceptor.async_accept([this](const asio::error_code& ec, tcp::socket socket) {
+    if (ec) {
+      if (ec == asio::error::operation_aborted || stopped) return;
+      SIESTA_LOG_WARN("side channel {}: accept failed: {}", address, ec.message());
+    } else {
+      asio::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      std::make_shared<ServerConnection>(this, std::move(socket))->start();
+    }
+    accept();
+  });
+}
+
+void SideChannel::Impl::shutdown_on_io_thread() {
+  asio::error_code ignored;
+  acceptor.close(ignored);
+  auto conns = connections;
+  for (auto& [ptr, weak] : conns)
+    if (auto c = weak.lock()) c->close();
+  connections.clear();
+  auto pending = calls;
+  for (auto& [ptr, weak] : pending)
+    if (auto c = weak.lock()) c->fail(unavailable("the engine's side channel is shutting down"));
+  calls.clear();
+  for (auto& [addr, pool] : idle)
+    for (auto& c : pool) c->socket.close(ignored);
+  idle.clear();
+}
+
+namespace {
+
+void start_call(SideChannel::Impl* impl, const std::string& address, const Frame& request,
+                const std::shared_ptr<SideChannel::Pending::State>& state) {
+  if (impl->stopped) {
+    state->finish(unavailable("the engine's side channel is stopped"));
+    return;
+  }
+  auto call = std::make_shared<ClientCall>(impl, address, encode_frame(request), state);
+  asio::post(impl->io, [call] { call->start(); });
+}
+
+}  // namespace
+
+SideChannel::SideChannel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Result<std::unique_ptr<SideChannel>> SideChannel::start(const SideChannelOptions& options, RequestHandler handler) {
+  auto impl = std::make_unique<Impl>(options, std::move(handler));
+  asio::error_code ec;
+  auto ip = asio::ip::make_address(options.host, ec);
+  if (ec)
+    return invalid_argument(fmt::format("side-channel host '{}' is not an IP address; give the address to listen on",
+                                        options.host));
+  tcp::endpoint ep(ip, options.port);
+  impl->acceptor.open(ep.protocol(), ec);
+  if (!ec) impl->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) impl->acceptor.bind(ep, ec);
+  if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec)
+    return io_error(fmt::format("cannot listen for the side channel on {}: {}; pick a free port (0 lets the OS choose)",
+                                endpoint_text(ep), ec.message()));
+  impl->address = endpoint_text(impl->acceptor.local_endpoint());
+  impl->accept();
+  Impl* raw = impl.get();
+  impl->io_thread = std::thread([raw] { raw->io.run(); });
+  return std::unique_ptr<SideChannel>(new SideChannel(std::move(impl)));
+}
+
+SideChannel::~SideChannel() { stop(); }
+
+const std::string& SideChannel::address() const { return impl_->address; }
+
+SideChannel::Pending SideChannel::request_async(const std::string& address, const Frame& request, Deadline deadline) {
+  auto state = std::make_shared<Pending::State>();
+  state->deadline = deadline;
+  start_call(impl_.get(), address, request, state);
+  return Pending(state);
+}
+
+void SideChannel::request_then(const std::string& address, const Frame& request, Deadline deadline,
+                               AnswerCallback done) {
+  auto state = std::make_shared<Pending::State>();
+  state->deadline = deadline;
+  state->then = std::move(done);
+  start_call(impl_.get(), address, request, state);
+}
+
+
+
+Result<Frame> SideChannel::request(const std::string& address, const Frame& request, Deadline deadline) {
+  return request_async(address, request, deadline).wait();
+}
+
+void SideChannel::stop() {
+  std::lock_guard<std::mutex> lock(impl_->stop_mu);
+  if (impl_->stopped.exchange(true)) return;
+  std::promise<void> closed;
+  Impl* impl = impl_.get();
+  asio::post(impl->io, [impl, &closed] {
+    impl->shutdown_on_io_thread();
+    closed.set_value();
+  });
+  closed.get_future().wait();
+  impl->handlers.join();
+  // Handlers may have posted answers for connections that are now closed;
+  // close again, then stop: what is left queued is destroyed, not run.
+  asio::post(impl->io, [impl] {
+    impl->shutdown_on_io_thread();
+    impl->io.stop();
+  });
+  impl->work.reset();
+  if (impl->io_thread.joinable()) impl->io_thread.join();
+}
+
+}  // namespace siesta::transfer

@@ -1,0 +1,651 @@
+#include "transfer/transfer_engine.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "common/log.h"
+#include "transfer/region_table.h"
+#include "transfer/side_channel.h"
+#include "transfer/transfer_backend.h"
+
+namespace siesta::transfer {
+
+namespace {
+
+// How long shutdown waits for transfers to each peer before dropping its imports.
+constexpr auto kShutdownDrain = std::chrono::milliseconds(2000);
+
+struct RegionEntry {
+  LocalRegion region;
+  std::string backend_blob;
+  size_t in_flight = 0;  // segments of unfinished transfers that use this region
+};
+
+// Our view of one remote engine.
+struct Peer {
+  std::string engine_id;
+  std::string address;
+  PeerState state = PeerState::kReady;
+  Status last_failure;               // why it is in kError
+  EngineMeta meta;                   // the descriptor: its regions at meta.epoch
+  std::shared_ptr<BackendPeer> link;  // null once invalidated
+  uint64_t generation = 0;           // bumped by every handshake
+};
+
+struct XferRecord {
+  std::string peer;
+  uint64_t peer_generation = 0;
+  XferStatus status;
+  Deadline deadline;
+  std::vector<RegionId> local_regions;  // one per segment, for in_flight
+  bool backend_done = false;
+  bool reported = false;  // a final status was handed to the user
+};
+
+bool add_overflows(uint64_t a, uint64_t b) { return a + b < a; }
+
+}  // namespace
+
+class TransferEngine::Impl {
+ public:
+  explicit Impl(const TransferConfig& c) : config(c) {}
+
+  Result<Frame> on_request(const Frame& request, const std::string& remote);
+  Result<Frame> on_get_meta(const Frame& request);
+  Result<Frame> on_invalidate(const Frame& request);
+  Result<Frame> on_notify(const Frame& request);
+  Result<Frame> on_message(const Frame& request);
+
+  EngineMeta metadata_locked() const;
+  // The only place a peer's state changes.
+  void transition_locked(Peer& peer, PeerEvent event, const Status* why);
+  void on_data_done(XferId id, Ok result, std::optional<std::string> notify, std::string peer_id,
+                    std::string address, Epoch target_epoch, XferOp op);
+  void finish(XferId id, Ok result);
+  // Applies the deadline; returns whether the status is final.
+  bool settle_locked(XferRecord& rec);
+  XferStatus consume_locked(std::unordered_map<XferId, XferRecord>::iterator it);
+  void shutdown();
+
+  TransferConfig config;
+  std::unique_ptr<RegionTable> table;
+  std::unique_ptr<TransferBackend> backend;
+  std::unique_ptr<SideChannel> side_channel;
+  std::string address;
+
+  mutable std::mutex mu;
+  std::condition_variable xfer_cv;
+  std::condition_variable notify_cv;
+  std::map<RegionId, RegionEntry> regions;
+  uint64_t next_region_id = 1;
+  std::unordered_map<std::string, Peer> peers;
+  std::unordered_map<XferId, XferRecord> xfers;
+  uint64_t next_xfer_id = 1;
+  std::deque<Notification> notifications;
+  std::map<std::string, std::string> fetchers;  // engine id → listener address
+  // The newest epoch each peer invalidated: a handshake that fetched metadata
+  // at that epoch or older (racing with the INVALIDATE) is not installed.
+  std::unordered_map<std::string, Epoch> invalidated_at;
+  // Set by invalidate_peers(): our regions are about to be deregistered, so no
+  // new peer may import them. Cleared by the next change of regions.
+  bool handshakes_closed = false;
+  MessageHandler message_handler;
+
+  std::timed_mutex handshake_mu;  // one handshake at a time
+};
+
+// ---------------------------------------------------------------------------
+// creation and shutdown
+
+TransferEngine::TransferEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Result<std::unique_ptr<TransferEngine>> TransferEngine::create(const TransferConfig& config) {
+  if (config.engine_id.empty()) return invalid_argument("transfer engine needs an engine_id");
+  auto impl = std::make_unique<Impl>(config);
+  SIESTA_ASSIGN_OR_RETURN(impl->table, RegionTable::create(config.max_regions, "siesta-region-table"));
+  impl->table->set_epoch(Epoch{1});
+  SIESTA_ASSIGN_OR_RETURN(impl->backend, make_transfer_backend(config, *impl->table));
+  if (config.sleep_mode && !impl->backend->supports_sleep())
+    return invalid_argument(fmt::format("sleep mode needs a transfer backend that can re-register memory, and '{}' "
+                                        "cannot; choose another backend or disable sleep mode",
+                                        impl->backend->name()));
+  Impl* raw = impl.get();
+  SIESTA_ASSIGN_OR_RETURN(impl->side_channel,
+                          SideChannel::start(config.side_channel, [raw](const Frame& f, const std::string& remote) {
+                            return raw->on_request(f, remote);
+                          }));
+  impl->address = impl->side_channel->address();
+  SIESTA_LOG_INFO("transfer engine {}: backend {}, side channel {}", config.engine_id, impl->backend->name(),
+                  impl->address);
+  return std::unique_ptr<TransferEngine>(new TransferEngine(std::move(impl)));
+}
+
+TransferEngine::~TransferEngine() { impl_->shutdown(); }
+
+void TransferEngine::Impl::shutdown() {
+  side_channel->stop();
+  std::vector<std::shared_ptr<BackendPeer>> links;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& [id, peer] : peers)
+      if (peer.link) links.push_back(std::move(peer.link));
+  }
+  Deadline drain = deadline_after(kShutdownDrain);
+  for (auto& link : links) {
+    Ok r = link->release(drain);
+    if (!r) SIESTA_LOG_WARN("transfer engine {}: shutting down: {}", config.engine_id, r.error().message);
+  }
+  links.clear();
+  backend.reset();  // joins backend threads; no completion runs after this
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& [id, rec] : xfers)
+    if (rec.status.pending()) rec.status = XferStatus::make_failed(unavailable("the transfer engine shut down"));
+  xfer_cv.notify_all();
+}
+
+const std::string& TransferEngine::engine_id() const { return impl_->config.engine_id; }
+const std::string& TransferEngine::address() const { return impl_->address; }
+std::string_view TransferEngine::backend_name() const { return impl_->backend->name(); }
+bool TransferEngine::supports_sleep() const { return impl_->backend->supports_sleep(); }
+
+// ---------------------------------------------------------------------------
+// regions
+
+Result<RegionId> TransferEngine::register_region(const RegionSpec& spec) {
+  if (spec.base == nullptr || spec.bytes == 0) return invalid_argument("register_region needs a base and a size");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  RegionId id{impl_->next_region_id++};
+  SIESTA_ASSIGN_OR_RETURN(uint32_t slot, impl_->table->claim_slot(id));
+  RegionEntry entry{LocalRegion{id, slot, spec}, {}, 0};
+  auto blob = impl_->backend->register_region(entry.region);
+  if (!blob) {
+    impl_->table->release_slot(slot);
+    return blob.error().with_context(fmt::format("registering {} bytes of {} memory", spec.bytes,
+                                                 memory_kind_name(spec.kind)));
+  }
+  entry.backend_blob = std::move(*blob);
+  impl_->regions.emplace(id, std::move(entry));
+  impl_->table->set_epoch(impl_->table->epoch().next());
+  impl_->handshakes_closed = false;
+  SIESTA_LOG_DEBUG("transfer engine {}: region {} registered ({} bytes, {}), epoch {}", impl_->config.engine_id,
+                   id.value, spec.bytes, memory_kind_name(spec.kind), impl_->table->epoch().value);
+  return id;
+}
+
+Ok TransferEngine::deregister_region(RegionId id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->regions.find(id);
+  if (it == impl_->regions.end()) return not_found(fmt::format("region {} is not registered", id.value));
+  if (it->second.in_flight > 0)
+    return conflict(fmt::format("region {} is used by {} transfer segments still in flight; wait for them (or their "
+                                "deadline) before deregistering",
+                                id.value, it->second.in_flight));
+  impl_->backend->deregister_region(id);
+  impl_->table->release_slot(it->second.region.slot);
+  impl_->regions.erase(it);
+  impl_->table->set_epoch(impl_->table->epoch().next());
+  impl_->handshakes_closed = false;
+  SIESTA_LOG_DEBUG("transfer engine {}: region {} deregistered, epoch {}", impl_->config.engine_id, id.value,
+                   impl_->table->epoch().value);
+  return {};
+}
+
+EngineMeta TransferEngine::Impl::metadata_locked() const {
+  EngineMeta meta;
+  meta.engine_id = config.engine_id;
+  meta.epoch = table->epoch();
+  meta.side_channel_address = address;
+  meta.backend = std::string(backend->name());
+  meta.backend_blob = backend->engine_blob();
+  for (const auto& [id, entry] : regions) {
+    const RegionSpec& s = entry.region.spec;
+    meta.regions.push_back(RegionDesc{id, entry.region.slot, reinterpret_cast<uint64_t>(s.base), s.bytes, s.kind,
+                                      entry.backend_blob});
+  }
+  return meta;
+}
+
+EngineMeta TransferEngine::metadata() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->metadata_locked();
+}
+
+Epoch TransferEngine::epoch() const { return impl_->table->epoch(); }
+
+// ---------------------------------------------------------------------------
+// peers
+
+void TransferEngine::Impl::transition_locked(Peer& peer, PeerEvent event, const Status* why) {
+  PeerState from = peer.state;
+  peer.state = next_peer_state(from, event);
+  if (peer.state == PeerState::kError && from != PeerState::kError && why != nullptr) peer.last_failure = *why;
+  if (from != peer.state) {
+    if (peer.state == PeerState::kError)
+      SIESTA_LOG_WARN("transfer engine {}: peer {} {} -> {} ({}): {}", config.engine_id, peer.engine_id,
+                      peer_state_name(from), peer_state_name(peer.state), peer_event_name(event),
+                      why ? why->message : std::string("no detail"));
+    else
+      SIESTA_LOG_INFO("transfer engine {}: peer {} {} -> {} ({})", config.engine_id, peer.engine_id,
+                      peer_state_name(from), peer_state_name(peer.state), peer_event_name(event));
+  }
+}
+
+Result<std::string> TransferEngine::connect(const std::string& address, Deadline deadline) {
+  std::unique_lock<std::timed_mutex> hs(impl_->handshake_mu, std::defer_lock);
+  if (!hs.try_lock_until(deadline))
+    return timeout(fmt::format("handshake with {}: another handshake did not finish before the deadline", address));
+  GetMetaMsg ask{impl_->config.engine_id, impl_->address};
+  SIESTA_ASSIGN_OR_RETURN(Frame answer, impl_->side_channel->request(address, to_frame(ask), deadline));
+  if (answer.type != FrameType::kMeta) return status_from_unexpected(answer, FrameType::kGetMeta, address);
+  auto meta = decode_engine_meta(answer.payload);
+  if (!meta) return meta.error().with_context(fmt::format("metadata from {}", address));
+  if (meta->engine_id == impl_->config.engine_id)
+    return invalid_argument(fmt::format("{} is this engine's own side channel (engine id {}); engine ids must be "
+                                        "unique",
+                                        address, meta->engine_id));
+  if (meta->backend != impl_->backend->name())
+    return invalid_argument(fmt::format("peer {} at {} uses the '{}' transfer backend and this engine '{}'; "
+                                        "configure both engines with the same backend",
+                                        meta->engine_id, address, meta->backend, impl_->backend->name()));
+  std::string peer_id = meta->engine_id;
+  auto link = impl_->backend->connect(*meta, deadline);
+  if (!link)
+    return link.error().with_context(fmt::format("importing the regions of peer {} at {}", meta->engine_id, address));
+  std::shared_ptr<BackendPeer> old;
+  {
+    std::unique_lock<std::mutex> lock(impl_->mu);
+    auto inv = impl_->invalidated_at.find(peer_id);
+    if (inv != impl_->invalidated_at.end() && meta->epoch <= inv->second) {
+      lock.unlock();
+      (void)(*link)->release(deadline);
+      return unavailable(fmt::format("peer {} invalidated its epoch {} during our handshake; connect again once it "
+                                     "has registered its regions again",
+                                     peer_id, meta->epoch.value));
+    }
+    Peer& peer = impl_->peers[meta->engine_id];
+    peer.engine_id = meta->engine_id;
+    peer.address = address;
+    old = std::move(peer.link);
+    peer.link = std::move(*link);
+    peer.meta = std::move(*meta);
+    peer.generation++;
+    impl_->transition_locked(peer, PeerEvent::kHandshake, nullptr);
+    SIESTA_LOG_DEBUG("transfer engine {}: handshake with {} at {}: epoch {}, {} regions", impl_->config.engine_id,
+                     peer.engine_id, address, peer.meta.epoch.value, peer.meta.regions.size());
+  }
+  if (old) {
+    Ok r = old->release(deadline);
+    if (!r) SIESTA_LOG_WARN("transfer engine {}: dropping an old descriptor: {}", impl_->config.engine_id,
+                            r.error().message);
+  }
+  return peer_id;
+}
+
+Result<PeerState> TransferEngine::peer_state(const std::string& engine_id) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->peers.find(engine_id);
+  if (it == impl_->peers.end()) return not_found(fmt::format("no handshake with peer {} yet", engine_id));
+  return it->second.state;
+}
+
+Result<EngineMeta> TransferEngine::peer_meta(const std::string& engine_id) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->peers.find(engine_id);
+  if (it == impl_->peers.end()) return not_found(fmt::format("no handshake with peer {} yet", engine_id));
+  return it->second.meta;
+}
+
+// ---------------------------------------------------------------------------
+// transfers
+
+Result<XferId> TransferEngine::submit(const std::string& peer_id, XferOp op, const std::vector<XferEntry>& entries,
+                                      std::optional<std::string> notify, Deadline deadline) {
+  if (entries.empty()) return invalid_argument("a transfer needs at least one entry");
+  for (int attempt = 0;; ++attempt) {
+    std::unique_lock<std::mutex> lock(impl_->mu);
+    auto pit = impl_->peers.find(peer_id);
+    if (pit == impl_->peers.end())
+      return not_found(fmt::format("unknown peer {}: connect() to its side-channel address first", peer_id));
+    Peer& peer = pit->second;
+    if (peer.state == PeerState::kError)
+      return unavailable(fmt::format("peer {} is in the error state after: {}; call connect(\"{}\") to handshake "
+                                     "again",
+                                     peer_id, peer.last_failure.message, peer.address));
+    if (peer.state == PeerState::kInvalid || !peer.link) {
+      if (attempt > 0)
+        return unavailable(fmt::format("peer {} was invalidated again during the handshake; retry later", peer_id));
+      std::string address = peer.address;
+      lock.unlock();
+      SIESTA_ASSIGN_OR_RETURN(std::string again, connect(address, deadline));
+      if (again != peer_id)
+        return unavailable(fmt::format("the side channel at {} now serves engine {}, not {}", address, again, peer_id));
+      continue;
+    }
+
+    XferPlan plan;
+    plan.op = op;
+    plan.deadline = deadline;
+    plan.segments.reserve(entries.size());
+    std::vector<RegionId> used;
+    used.reserve(entries.size());
+    for (const XferEntry& e : entries) {
+      auto rit = impl_->regions.find(e.local_region);
+      if (rit == impl_->regions.end())
+        return not_found(fmt::format("local region {} is not registered", e.local_region.value));
+      const RegionSpec& local = rit->second.region.spec;
+      if (e.bytes == 0) return invalid_argument("a transfer entry of 0 bytes");
+      if (add_overflows(e.local_offset, e.bytes) || e.local_offset + e.bytes > local.bytes)
+        return invalid_argument(fmt::format("local range [{}, +{}) is outside region {} ({} bytes)", e.local_offset,
+                                            e.bytes, e.local_region.value, local.bytes));
+      size_t remote_index = peer.meta.regions.size();
+      for (size_t i = 0; i < peer.meta.regions.size(); ++i)
+        if (peer.meta.regions[i].id == e.remote_region) remote_index = i;
+      if (remote_index == peer.meta.regions.size())
+        return not_found(fmt::format("peer {} has no region {} in its metadata at epoch {} (deregistered, or named "
+                                     "from before its last sleep); use ids from its current metadata",
+                                     peer_id, e.remote_region.value, peer.meta.epoch.value));
+      const RegionDesc& remote = peer.meta.regions[remote_index];
+      if (add_overflows(e.remote_offset, e.bytes) || e.remote_offset + e.bytes > remote.bytes)
+        return invalid_argument(fmt::format("remote range [{}, +{}) is outside region {} of peer {} ({} bytes)",
+                                            e.remote_offset, e.bytes, remote.id.value, peer_id, remote.bytes));
+      plan.segments.push_back(XferSegment{e.local_region, static_cast<char*>(local.base) + e.local_offset, local.kind,
+                                          remote_index, e.remote_offset, e.bytes});
+      used.push_back(e.local_region);
+    }
+    for (RegionId r : used) impl_->regions[r].in_flight++;
+    XferId id{impl_->next_xfer_id++};
+    XferRecord rec;
+    rec.peer = peer_id;
+    rec.peer_generation = peer.generation;
+    rec.deadline = deadline;
+    rec.local_regions = std::move(used);
+    impl_->xfers.emplace(id, std::move(rec));
+    std::shared_ptr<BackendPeer> link = peer.link;
+    std::string address = peer.address;
+    Epoch target_epoch = peer.meta.epoch;
+    lock.unlock();
+
+    Impl* impl = impl_.get();
+    link->post(std::move(plan), [impl, id, notify = std::move(notify), peer_id, address, target_epoch, op](Ok r) mutable {
+      impl->on_data_done(id, std::move(r), std::move(notify), std::move(peer_id), std::move(address), target_epoch, op);
+    });
+    return id;
+  }
+}
+
+void TransferEngine::Impl::on_data_done(XferId id, Ok result, std::optional<std::string> notify, std::string peer_id,
+                                        std::string peer_address, Epoch target_epoch, XferOp op) {
+  if (!result) {
+    finish(id, result.error().with_context(fmt::format("{} with peer {}", xfer_op_name(op), peer_id)));
+    return;
+  }
+  if (!notify) {
+    finish(id, {});
+    return;
+  }
+  Deadline deadline;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = xfers.find(id);
+    deadline = it == xfers.end() ? Clock::now() : it->second.deadline;
+  }
+  NotifyMsg msg{config.engine_id, target_epoch, std::move(*notify)};
+  side_channel->request_then(peer_address, to_frame(msg), deadline, [this, id, peer_id](Result<Frame> answer) {
+    if (!answer) {
+      finish(id, answer.error().with_context(fmt::format("notifying peer {} (its data is in place)", peer_id)));
+    } else if (answer->type != FrameType::kAck) {
+      finish(id, status_from_unexpected(*answer, FrameType::kNotify, peer_id)
+                     .with_context("the notification was refused"));
+    } else {
+      finish(id, {});
+    }
+  });
+}
+
+void TransferEngine::Impl::finish(XferId id, Ok result) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = xfers.find(id);
+  if (it == xfers.end()) return;
+  XferRecord& rec = it->second;
+  rec.backend_done = true;
+  for (RegionId r : rec.local_regions) {
+    auto rit = regions.find(r);
+    if (rit != regions.end() && rit->second.in_flight > 0) rit->second.in_flight--;
+  }
+  rec.local_regions.clear();
+  if (rec.status.pending()) {
+    if (result) {
+      rec.status = XferStatus::make_done();
+    } else {
+      rec.status = XferStatus::make_failed(result.error());
+      auto pit = peers.find(rec.peer);
+      if (pit != peers.end() && pit->second.generation == rec.peer_generation)
+        transition_locked(pit->second, PeerEvent::kTransferFailed, &result.error());
+    }
+  }
+  if (rec.reported) {
+    xfers.erase(it);
+  }
+  xfer_cv.notify_all();
+}
+
+bool TransferEngine::Impl::settle_locked(XferRecord& rec) {
+  if (rec.status.pending() && expired(rec.deadline)) {
+    Status why = timeout(fmt::format("transfer with peer {} did not finish before its deadline", rec.peer));
+    rec.status = XferStatus::make_failed(why);
+    auto pit = peers.find(rec.peer);
+    if (pit != peers.end() && pit->second.generation == rec.peer_generation)
+      transition_locked(pit->second, PeerEvent::kTransferFailed, &why);
+  }
+  return !rec.status.pending();
+}
+
+XferStatus TransferEngine::Impl::consume_locked(std::unordered_map<XferId, XferRecord>::iterator it) {
+  XferStatus status = it->second.status;
+  it->second.reported = true;
+  if (it->second.backend_done) xfers.erase(it);
+  return status;
+}
+
+XferStatus TransferEngine::poll(XferId id) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->xfers.find(id);
+  if (it == impl_->xfers.end() || it->second.reported)
+    return XferStatus::make_failed(not_found(fmt::format("unknown transfer {} (or its final status was already "
+                                                         "reported)",
+                                                         id.value)));
+  if (!impl_->settle_locked(it->second)) return XferStatus::make_pending();
+  return impl_->consume_locked(it);
+}
+
+XferStatus TransferEngine::wait(XferId id, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  for (;;) {
+    auto it = impl_->xfers.find(id);
+    if (it == impl_->xfers.end() || it->second.reported)
+      return XferStatus::make_failed(not_found(fmt::format("unknown transfer {} (or its final status was already "
+                                                           "reported)",
+                                                           id.value)));
+    if (impl_->settle_locked(it->second)) return impl_->consume_locked(it);
+    if (expired(deadline)) return XferStatus::make_pending();
+    impl_->xfer_cv.wait_until(lock, earlier(deadline, it->second.deadline));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// notifications and messages
+
+std::vector<Notification> TransferEngine::take_notifications() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<Notification> out(std::make_move_iterator(impl_->notifications.begin()),
+                                std::make_move_iterator(impl_->notifications.end()));
+  impl_->notifications.clear();
+  return out;
+}
+
+std::vector<Notification> TransferEngine::wait_notifications(Deadline deadline) {
+  {
+    std::unique_lock<std::mutex> lock(impl_->mu);
+    impl_->notify_cv.wait_until(lock, deadline, [&] { return !impl_->notifications.empty(); });
+  }
+  return take_notifications();
+}
+
+void TransferEngine::set_message_handler(MessageHandler handler) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->message_handler = std::move(handler);
+}
+
+Result<std::string> TransferEngine::send_message(const std::string& address, std::string payload, Deadline deadline) {
+  PeerMessage msg{impl_->config.engine_id, std::move(payload)};
+  SIESTA_ASSIGN_OR_RETURN(Frame answer, impl_->side_channel->request(address, to_frame(msg), deadline));
+  if (answer.type != FrameType::kMessage) return status_from_unexpected(answer, FrameType::kMessage, address);
+  SIESTA_ASSIGN_OR_RETURN(PeerMessage reply, decode_peer_message(answer.payload));
+  return std::move(reply.payload);
+}
+
+// ---------------------------------------------------------------------------
+// invalidation
+
+InvalidateReport TransferEngine::invalidate_peers(Deadline deadline) {
+  std::map<std::string, std::string> targets;
+  Epoch epoch;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    targets = impl_->fetchers;
+    epoch = impl_->table->epoch();
+    impl_->handshakes_closed = true;
+  }
+  InvalidateMsg msg{impl_->config.engine_id, epoch};
+  std::vector<std::pair<MetaFetcher, SideChannel::Pending>> pending;
+  for (const auto& [id, address] : targets)
+    pending.emplace_back(MetaFetcher{id, address}, impl_->side_channel->request_async(address, to_frame(msg), deadline));
+  InvalidateReport report;
+  for (auto& [fetcher, call] : pending) {
+    Result<Frame> answer = call.wait();
+    Status why;
+    bool acked = false;
+    if (!answer) {
+      why = answer.error();
+    } else if (answer->type != FrameType::kAck) {
+      why = status_from_unexpected(*answer, FrameType::kInvalidate, fetcher.engine_id);
+    } else {
+      acked = true;
+    }
+    if (acked) {
+      report.acked.push_back(fetcher.engine_id);
+    } else {
+      SIESTA_LOG_WARN("transfer engine {}: peer {} at {} did not acknowledge INVALIDATE (epoch {}): {}",
+                      impl_->config.engine_id, fetcher.engine_id, fetcher.address, epoch.value, why.message);
+      report.unanswered.push_back(fetcher);
+      report.why_unanswered.push_back(why);
+    }
+  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (const std::string& id : report.acked) {
+    auto it = impl_->fetchers.find(id);
+    // A fetch that raced with this invalidation re-registered a newer address: keep it.
+    if (it != impl_->fetchers.end() && it->second == targets[id]) impl_->fetchers.erase(it);
+  }
+  return report;
+}
+
+std::vector<MetaFetcher> TransferEngine::fetchers() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<MetaFetcher> out;
+  for (const auto& [id, address] : impl_->fetchers) out.push_back({id, address});
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// side-channel requests from peers
+
+Result<Frame> TransferEngine::Impl::on_request(const Frame& request, const std::string& remote) {
+  switch (request.type) {
+    case FrameType::kGetMeta: return on_get_meta(request);
+    case FrameType::kInvalidate: return on_invalidate(request);
+    case FrameType::kNotify: return on_notify(request);
+    case FrameType::kMessage: return on_message(request);
+    case FrameType::kMeta:
+    case FrameType::kAck:
+    case FrameType::kError:
+      break;
+  }
+  return corrupt(fmt::format("{} sent a {} frame, which is an answer, not a request", remote,
+                             frame_type_name(request.type)));
+}
+
+Result<Frame> TransferEngine::Impl::on_get_meta(const Frame& request) {
+  SIESTA_ASSIGN_OR_RETURN(GetMetaMsg msg, decode_get_meta(request.payload));
+  std::lock_guard<std::mutex> lock(mu);
+  if (handshakes_closed)
+    return error_frame(unavailable(fmt::format("engine {} is releasing its memory (it invalidated its peers); "
+                                               "handshake again after it registers its regions",
+                                               config.engine_id)));
+  if (!msg.reply_address.empty()) fetchers[msg.from_engine] = msg.reply_address;
+  return Frame{FrameType::kMeta, encode_engine_meta(metadata_locked())};
+}
+
+Result<Frame> TransferEngine::Impl::on_invalidate(const Frame& request) {
+  SIESTA_ASSIGN_OR_RETURN(InvalidateMsg msg, decode_invalidate(request.payload));
+  std::shared_ptr<BackendPeer> link;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    Epoch& newest = invalidated_at[msg.engine_id];
+    if (newest < msg.epoch) newest = msg.epoch;
+    auto it = peers.find(msg.engine_id);
+    if (it != peers.end()) {
+      Peer& peer = it->second;
+      if (msg.epoch < peer.meta.epoch)
+        return error_frame(conflict(fmt::format("INVALIDATE from {} names epoch {}, older than the epoch {} we hold; "
+                                                "ignored as stale",
+                                                msg.engine_id, msg.epoch.value, peer.meta.epoch.value)));
+      transition_locked(peer, PeerEvent::kInvalidated, nullptr);
+      link = std::move(peer.link);
+    }
+  }
+  if (link) {
+    Ok released = link->release(deadline_after(config.invalidate_drain_timeout));
+    if (!released) {
+      SIESTA_LOG_WARN("transfer engine {}: INVALIDATE from {}: {}", config.engine_id, msg.engine_id,
+                      released.error().message);
+      return error_frame(released.error().with_context("our transfers to you did not end in time"));
+    }
+  }
+  return to_frame(AckMsg{config.engine_id, msg.epoch});
+}
+
+Result<Frame> TransferEngine::Impl::on_notify(const Frame& request) {
+  SIESTA_ASSIGN_OR_RETURN(NotifyMsg msg, decode_notify(request.payload));
+  std::lock_guard<std::mutex> lock(mu);
+  Epoch now = table->epoch();
+  if (msg.target_epoch != now)
+    return error_frame(conflict(fmt::format("notification from {} was made with our epoch {} but we are at epoch {}; "
+                                            "its data is not trusted: handshake again and repeat the transfer",
+                                            msg.from_engine, msg.target_epoch.value, now.value)));
+  notifications.push_back(Notification{std::move(msg.from_engine), std::move(msg.payload)});
+  notify_cv.notify_all();
+  return to_frame(AckMsg{config.engine_id, now});
+}
+
+Result<Frame> TransferEngine::Impl::on_message(const Frame& request) {
+  SIESTA_ASSIGN_OR_RETURN(PeerMessage msg, decode_peer_message(request.payload));
+  MessageHandler handler;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    handler = message_handler;
+  }
+  if (!handler)
+    return error_frame(unavailable(fmt::format("engine {} has no handler for peer messages", config.engine_id)));
+  Result<std::string> reply = handler(msg);
+  if (!reply) return error_frame(reply.error());
+  return to_frame(PeerMessage{config.engine_id, std::move(*reply)});
+}
+
+}  // namespace siesta::transfer
