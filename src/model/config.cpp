@@ -192,6 +192,17 @@ Result<ModelConfig> ModelConfig::from_json(const json& j, const std::string& sou
   if (const json* act = r.find("hidden_act"); act && (!act->is_string() || act->get<std::string>() != "silu"))
     return r.bad("hidden_act", fmt::format("is {}: only \"silu\" is supported", act->dump()));
 
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    const json* d = r.find(key);
+    if (d == nullptr || d->is_null()) continue;
+    if (!d->is_string()) return r.bad(key, fmt::format("is {}: expected a dtype name", d->dump()));
+    const std::string name = d->get<std::string>();
+    if (name != "bfloat16" && name != "float16" && name != "float32")
+      return r.bad(key, fmt::format("is \"{}\": expected bfloat16, float16 or float32", name));
+    c.dtype = name;
+    break;
+  }
+
   SIESTA_ASSIGN_OR_RETURN(auto bos, r.token_ids("bos_token_id"));
   if (bos.size() > 1) return r.bad("bos_token_id", "must be a single token id");
   c.bos_token_id = bos.empty() ? -1 : bos[0];
@@ -238,8 +249,8 @@ json ModelConfig::to_json() const {
       {"attention_bias", false},
       {"attention_dropout", 0.0},
       {"bos_token_id", bos_token_id >= 0 ? json(bos_token_id) : json(nullptr)},
-      {"dtype", "bfloat16"},
-      {"torch_dtype", "bfloat16"},  // the name transformers < 4.56 reads
+      {"dtype", dtype},
+      {"torch_dtype", dtype},  // the name transformers < 4.56 reads
       {"eos_token_id", eos},
       {"head_dim", head_dim},
       {"hidden_act", "silu"},

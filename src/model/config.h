@@ -37,6 +37,9 @@ struct ModelConfig {
   int max_position_embeddings = 0;
   int bos_token_id = -1;                 // -1 when absent or null
   std::vector<int32_t> eos_token_ids;    // config.json (int or list) + generation_config.json
+  // The checkpoint's dtype ("dtype" or the older "torch_dtype"): "bfloat16",
+  // "float16" or "float32" (the default when absent, as transformers loads).
+  std::string dtype = "float32";
 
   int q_dim() const { return num_heads * head_dim; }
   int kv_dim() const { return num_kv_heads * head_dim; }

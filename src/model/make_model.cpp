@@ -220,13 +220,13 @@ Result<ModelShape> model_shape(std::string_view name) {
                                  .intermediate_size = 768, .num_layers = 4, .num_heads = 4, .num_kv_heads = 2,
                                  .head_dim = 64, .rms_norm_eps = 1e-6, .rope_theta = 1e6,
                                  .tie_word_embeddings = true, .max_position_embeddings = 4096,
-                                 .bos_token_id = 4093, .eos_token_ids = {4093}},
+                                 .bos_token_id = 4093, .eos_token_ids = {4093}, .dtype = "bfloat16"},
                       .generation_eos_token_ids = {4093}};
   // Qwen/Qwen3-0.6B and Qwen/Qwen3-8B: eos <|im_end|>; generation also stops at <|endoftext|>.
   ModelShape qwen{.name = std::string(name),
                   .config = {.model_type = "qwen3", .vocab_size = 151936, .head_dim = 128, .rms_norm_eps = 1e-6,
                              .rope_theta = 1e6, .max_position_embeddings = 40960, .bos_token_id = 151643,
-                             .eos_token_ids = {151645}},
+                             .eos_token_ids = {151645}, .dtype = "bfloat16"},
                   .generation_eos_token_ids = {151645, 151643},
                   .pad_token_id = 151643};
   ModelConfig& c = qwen.config;

@@ -110,10 +110,10 @@ def corrupt_safetensors_is_one_line_error():
 def config_missing_field_is_one_line_error():
     d = copy_model("noconfig")
     cfg = json.load(open(os.path.join(d, "config.json")))
-    del cfg["num_key_value_heads"]
+    del cfg["hidden_size"]
     json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
     rc, _, err = run([SIESTA, "generate", "--model", d, "--prompt", "hi", "--max-tokens", "2"])
-    expect_clean_error(rc, err, "num_key_value_heads")
+    expect_clean_error(rc, err, "hidden_size")
 
 
 def prompt_id_out_of_vocab_is_one_line_error():

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <iostream>
 #include <numeric>
 #include <random>
 
@@ -93,6 +94,7 @@ TEST_F(Qwen3CpuTest, LogitsMatchHuggingFaceAtEveryPosition) {
   const auto prompts = golden_prompts();
   ASSERT_EQ(prompts.size(), 8u);
   const int64_t vocab = model_->config().vocab_size;
+  double worst = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
     TestCache cache(model_->kv_layout(), 64);
     const auto ours = prompt_logits(prompts[i].ids, cache);
@@ -108,8 +110,10 @@ TEST_F(Qwen3CpuTest, LogitsMatchHuggingFaceAtEveryPosition) {
         max_diff = std::max(max_diff, std::abs(a - b));
       }
       EXPECT_LE(max_diff / max_ref, 1e-3) << "prompt " << i << " position " << pos;
+      worst = std::max(worst, max_diff / max_ref);
     }
   }
+  std::cout << "worst max|diff| / max|ref| over all prompts and positions: " << worst << "\n";
 }
 
 // Greedy decoding through the paged cache, one token per step.
@@ -142,6 +146,7 @@ TEST_F(Qwen3CpuTest, GreedyContinuationsMatchHuggingFace) {
     EXPECT_TRUE(std::equal(ours.begin(), ours.begin() + 8, prompts[i].greedy.begin())) << "prompt " << i;
     if (ours == prompts[i].greedy) ++all_24;
   }
+  std::cout << all_24 << " of " << prompts.size() << " prompts reproduce all 24 greedy tokens\n";
   EXPECT_GE(all_24, 7);
 }
 

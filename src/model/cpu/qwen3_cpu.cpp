@@ -8,6 +8,7 @@
 
 #include "common/thread_pool.h"
 #include "model/cpu/kernels.h"
+#include "model/rope.h"
 #include "model/safetensors.h"
 
 namespace siesta {
@@ -15,7 +16,7 @@ namespace cpu {
 
 namespace {
 
-struct TensorSpec {
+struct WeightSlot {
   std::string name;
   std::vector<int64_t> shape;
   const float** dest;
@@ -29,7 +30,7 @@ Result<Weights> load_weights(const ModelConfig& cfg, const TensorStore& store) {
 
   Weights w;
   w.layers.resize(cfg.num_layers);
-  std::vector<TensorSpec> specs;
+  std::vector<WeightSlot> specs;
   specs.push_back({"model.embed_tokens.weight", {vocab, hidden}, &w.embed});
   for (int i = 0; i < cfg.num_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
@@ -52,7 +53,7 @@ Result<Weights> load_weights(const ModelConfig& cfg, const TensorStore& store) {
   // Check every tensor first, then size the arena once.
   std::vector<TensorView> views;
   size_t total = 0;
-  for (const TensorSpec& s : specs) {
+  for (const WeightSlot& s : specs) {
     SIESTA_ASSIGN_OR_RETURN(TensorView v, store.get(s.name, s.shape));
     total += static_cast<size_t>(v.numel());
     views.push_back(std::move(v));
@@ -80,13 +81,7 @@ Result<std::unique_ptr<CpuQwen3>> CpuQwen3::load(const std::filesystem::path& mo
 
 CpuQwen3::CpuQwen3(ModelConfig cfg, cpu::Weights weights, ThreadPool& pool)
     : cfg_(std::move(cfg)), w_(std::move(weights)), pool_(pool) {
-  // As HF: inv_freq = 1 / theta^(2i / head_dim), held in fp32.
-  const int half = cfg_.head_dim / 2;
-  inv_freq_.resize(half);
-  for (int i = 0; i < half; ++i) {
-    const float exponent = static_cast<float>(2 * i) / static_cast<float>(cfg_.head_dim);
-    inv_freq_[i] = static_cast<float>(1.0 / std::pow(cfg_.rope_theta, static_cast<double>(exponent)));
-  }
+  inv_freq_ = rope_inv_freq(cfg_);
 }
 
 Result<void> CpuQwen3::forward(std::span<const SequenceChunk> batch, const KvCacheView& kv, ForwardOutput& out) {
