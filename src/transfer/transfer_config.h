@@ -32,6 +32,11 @@ struct TransferConfig {
   // UCX's own choice or the environment's).
   std::string ucx_transports;
   std::string ucx_net_devices;
+  // ucx: create endpoints with UCP_ERR_HANDLING_MODE_PEER, so a dead peer
+  // fails transfers at once. UCX 1.13's shared-memory transports (posix, sysv)
+  // lack it: set false to use them (a peer on this host is then watched
+  // through its pid; a hung peer fails at the transfer's deadline).
+  bool ucx_peer_error_handling = true;
 };
 
 }  // namespace siesta::transfer

@@ -56,6 +56,7 @@ class TransferEngine::Impl {
  public:
   explicit Impl(const TransferConfig& c) : config(c) {}
 
+  Result<std::string> handshake(const std::string& peer_address, Deadline deadline);
   Result<Frame> on_request(const Frame& request, const std::string& remote);
   Result<Frame> on_get_meta(const Frame& request);
   Result<Frame> on_invalidate(const Frame& request);
@@ -240,49 +241,57 @@ Result<std::string> TransferEngine::connect(const std::string& address, Deadline
   std::unique_lock<std::timed_mutex> hs(impl_->handshake_mu, std::defer_lock);
   if (!hs.try_lock_until(deadline))
     return timeout(fmt::format("handshake with {}: another handshake did not finish before the deadline", address));
-  GetMetaMsg ask{impl_->config.engine_id, impl_->address};
-  SIESTA_ASSIGN_OR_RETURN(Frame answer, impl_->side_channel->request(address, to_frame(ask), deadline));
-  if (answer.type != FrameType::kMeta) return status_from_unexpected(answer, FrameType::kGetMeta, address);
+  // A peer that changes its regions between our GET_META and the backend's
+  // import answers kConflict: fetch its metadata again (a few times).
+  for (int attempt = 0;; ++attempt) {
+    auto peer = impl_->handshake(address, deadline);
+    if (peer || peer.error().code != ErrorCode::kConflict || attempt == 2 || expired(deadline)) return peer;
+  }
+}
+
+Result<std::string> TransferEngine::Impl::handshake(const std::string& peer_address, Deadline deadline) {
+  GetMetaMsg ask{config.engine_id, address};
+  SIESTA_ASSIGN_OR_RETURN(Frame answer, side_channel->request(peer_address, to_frame(ask), deadline));
+  if (answer.type != FrameType::kMeta) return status_from_unexpected(answer, FrameType::kGetMeta, peer_address);
   auto meta = decode_engine_meta(answer.payload);
-  if (!meta) return meta.error().with_context(fmt::format("metadata from {}", address));
-  if (meta->engine_id == impl_->config.engine_id)
+  if (!meta) return meta.error().with_context(fmt::format("metadata from {}", peer_address));
+  if (meta->engine_id == config.engine_id)
     return invalid_argument(fmt::format("{} is this engine's own side channel (engine id {}); engine ids must be "
                                         "unique",
-                                        address, meta->engine_id));
-  if (meta->backend != impl_->backend->name())
+                                        peer_address, meta->engine_id));
+  if (meta->backend != backend->name())
     return invalid_argument(fmt::format("peer {} at {} uses the '{}' transfer backend and this engine '{}'; "
                                         "configure both engines with the same backend",
-                                        meta->engine_id, address, meta->backend, impl_->backend->name()));
+                                        meta->engine_id, peer_address, meta->backend, backend->name()));
   std::string peer_id = meta->engine_id;
-  auto link = impl_->backend->connect(*meta, deadline);
+  auto link = backend->connect(*meta, deadline);
   if (!link)
-    return link.error().with_context(fmt::format("importing the regions of peer {} at {}", meta->engine_id, address));
+    return link.error().with_context(fmt::format("importing the regions of peer {} at {}", peer_id, peer_address));
   std::shared_ptr<BackendPeer> old;
   {
-    std::unique_lock<std::mutex> lock(impl_->mu);
-    auto inv = impl_->invalidated_at.find(peer_id);
-    if (inv != impl_->invalidated_at.end() && meta->epoch <= inv->second) {
+    std::unique_lock<std::mutex> lock(mu);
+    auto inv = invalidated_at.find(peer_id);
+    if (inv != invalidated_at.end() && meta->epoch <= inv->second) {
       lock.unlock();
       (void)(*link)->release(deadline);
       return unavailable(fmt::format("peer {} invalidated its epoch {} during our handshake; connect again once it "
                                      "has registered its regions again",
                                      peer_id, meta->epoch.value));
     }
-    Peer& peer = impl_->peers[meta->engine_id];
-    peer.engine_id = meta->engine_id;
-    peer.address = address;
+    Peer& peer = peers[peer_id];
+    peer.engine_id = peer_id;
+    peer.address = peer_address;
     old = std::move(peer.link);
     peer.link = std::move(*link);
     peer.meta = std::move(*meta);
     peer.generation++;
-    impl_->transition_locked(peer, PeerEvent::kHandshake, nullptr);
-    SIESTA_LOG_DEBUG("transfer engine {}: handshake with {} at {}: epoch {}, {} regions", impl_->config.engine_id,
-                     peer.engine_id, address, peer.meta.epoch.value, peer.meta.regions.size());
+    transition_locked(peer, PeerEvent::kHandshake, nullptr);
+    SIESTA_LOG_DEBUG("transfer engine {}: handshake with {} at {}: epoch {}, {} regions", config.engine_id, peer_id,
+                     peer_address, peer.meta.epoch.value, peer.meta.regions.size());
   }
   if (old) {
     Ok r = old->release(deadline);
-    if (!r) SIESTA_LOG_WARN("transfer engine {}: dropping an old descriptor: {}", impl_->config.engine_id,
-                            r.error().message);
+    if (!r) SIESTA_LOG_WARN("transfer engine {}: dropping an old descriptor: {}", config.engine_id, r.error().message);
   }
   return peer_id;
 }

@@ -42,10 +42,15 @@ struct BackendCase {
   const char* backend;
   const char* transports;
   const char* devices;
+  bool peer_error_handling;
 };
 
+// UCX 1.13's shared-memory transports have no peer error handling: that case
+// runs without it (the peer's exit is then seen through its pid).
 const BackendCase kCases[] = {
-    {"ipc", "ipc", "", ""},
+    {"ipc", "ipc", "", "", true},
+    {"ucx_tcp", "ucx", "tcp", "lo", true},
+    {"ucx_sm", "ucx", "sm,self", "", false},
 };
 
 void PrintTo(const BackendCase& c, std::ostream* os) { *os << c.name; }
@@ -62,6 +67,7 @@ TransferConfig config_for(const BackendCase& c, const std::string& engine_id) {
   cfg.backend = c.backend;
   cfg.ucx_transports = c.transports;
   cfg.ucx_net_devices = c.devices;
+  cfg.ucx_peer_error_handling = c.peer_error_handling;
   cfg.side_channel.host = "127.0.0.1";
   cfg.side_channel.port = 0;
   cfg.invalidate_drain_timeout = 2000ms;
@@ -195,6 +201,7 @@ int run_peer(const BackendCase& c) {
   });
   printf("ADDRESS %s\n", e->address().c_str());
   fflush(stdout);
+  dup2(STDERR_FILENO, STDOUT_FILENO);  // the parent stops reading; later output (UCX logs) goes to stderr
   // Serve until the parent closes our stdin (or dies).
   char buf[64];
   while (read(STDIN_FILENO, buf, sizeof(buf)) > 0) {

@@ -11,12 +11,12 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <random>
 
 #include "common/log.h"
 #include "transfer/ipc/ipc_peer.h"
 #include "transfer/ipc/unix_socket.h"
+#include "transfer/process_identity.h"
 #include "transfer/region_table.h"
 #include "transfer/transfer_config.h"
 #include "transfer/wire.h"
@@ -31,19 +31,15 @@ constexpr uint8_t kAnswerStale = 1;
 constexpr size_t kMaxHandshakeBytes = 1u << 20;
 constexpr auto kRequestWait = std::chrono::milliseconds(1000);
 
-std::string read_boot_id() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(in, id);
-  return id;
-}
-
 size_t page_size() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
 
 }  // namespace
 
 IpcBackend::IpcBackend(const TransferConfig& config, RegionTable& table)
-    : table_(table), engine_id_(config.engine_id), boot_id_(read_boot_id()), cuda_device_(config.cuda_device) {}
+    : table_(table),
+      engine_id_(config.engine_id),
+      identity_(ProcessIdentity::of_this_process()),
+      cuda_device_(config.cuda_device) {}
 
 Result<std::unique_ptr<IpcBackend>> IpcBackend::create(const TransferConfig& config, RegionTable& table) {
   std::unique_ptr<IpcBackend> b(new IpcBackend(config, table));
@@ -79,8 +75,7 @@ IpcBackend::~IpcBackend() {
 std::string IpcBackend::engine_blob() const {
   WireWriter w;
   w.bytes(socket_name_);
-  w.bytes(boot_id_);
-  w.u32(static_cast<uint32_t>(getpid()));
+  identity_.encode(w);
   return w.take();
 }
 
@@ -222,13 +217,13 @@ void IpcBackend::answer(int conn) {
 Result<std::shared_ptr<BackendPeer>> IpcBackend::connect(const EngineMeta& meta, Deadline deadline) {
   WireReader blob(meta.backend_blob);
   std::string socket_name = blob.bytes(256);
-  std::string boot_id = blob.bytes(256);
-  uint32_t pid = blob.u32();
+  ProcessIdentity peer = ProcessIdentity::decode(blob);
+  uint32_t pid = peer.pid;
   if (!blob.done() || socket_name.empty()) return corrupt("ipc: the peer's backend blob is malformed");
-  if (boot_id != boot_id_)
+  if (!identity_.same_host(peer))
     return unavailable(fmt::format("peer {} runs on another host (boot id {} vs ours {}); the ipc backend only "
                                    "connects engines on one host: use the ucx backend",
-                                   meta.engine_id, boot_id, boot_id_));
+                                   meta.engine_id, peer.boot_id, identity_.boot_id));
   SIESTA_ASSIGN_OR_RETURN(int sock, connect_abstract(socket_name));
   std::vector<int> fds;
   auto fail = [&](Status s) -> Status {

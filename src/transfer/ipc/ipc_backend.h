@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "transfer/process_identity.h"
 #include "transfer/transfer_backend.h"
 
 namespace siesta::transfer {
@@ -63,7 +64,7 @@ class IpcBackend final : public TransferBackend {
   RegionTable& table_;
   std::string engine_id_;
   std::string socket_name_;
-  std::string boot_id_;
+  ProcessIdentity identity_;
   int cuda_device_ = 0;
   int listen_fd_ = -1;
   int stop_fd_ = -1;  // eventfd that wakes serve() for shutdown

@@ -1,0 +1,459 @@
+#include "transfer/ucx/ucx_peer.h"
+
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "common/log.h"
+#include "transfer/region_table.h"
+#include "transfer/ucx/ucx_backend.h"
+
+namespace siesta::transfer::ucx {
+
+// The error handler's argument: outlives the peer until the endpoint is closed.
+struct EndpointContext {
+  std::weak_ptr<UcxPeer> peer;
+  UcxWorker* worker = nullptr;
+};
+
+namespace {
+
+constexpr auto kReleaseGrace = std::chrono::milliseconds(1000);
+
+template <class T>
+struct Waiter {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<T> value;
+  void set(T v) {
+    std::lock_guard<std::mutex> lock(mu);
+    value.emplace(std::move(v));
+    cv.notify_all();
+  }
+  std::optional<T> wait_until(Deadline d) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_until(lock, d, [&] { return value.has_value(); });
+    return value;
+  }
+};
+
+void on_request_done(void* request, ucs_status_t status, void* user_data) {
+  auto* x = static_cast<UcxXfer*>(user_data);
+  x->requests.erase(request);
+  ucp_request_free(request);
+  if (x->orphaned) {
+    if (--x->outstanding == 0) delete x;
+    return;
+  }
+  if (status != UCS_OK && !x->failure)
+    x->failure = ucx_error(fmt::format("UCX operation with peer {}", x->peer->meta().engine_id).c_str(), status);
+  if (--x->outstanding == 0) x->peer->advance_later(x);
+}
+
+void on_ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* ctx = static_cast<EndpointContext*>(arg);
+  std::weak_ptr<UcxPeer> weak = ctx->peer;
+  // Closing the endpoint inside its own error callback is not allowed: next loop.
+  ctx->worker->post([weak, status] {
+    if (auto peer = weak.lock())
+      peer->break_connection(unavailable(fmt::format("the UCX endpoint to peer {} failed ({}); the peer process "
+                                                     "probably exited",
+                                                     peer->meta().engine_id, ucs_status_string(status))),
+                             true);
+  });
+}
+
+struct CloseState {
+  EndpointContext* ctx;
+  std::function<void()> closed;
+};
+
+void on_close_done(void* request, ucs_status_t, void* user_data) {
+  auto* st = static_cast<CloseState*>(user_data);
+  ucp_request_free(request);
+  if (st->closed) st->closed();
+  delete st->ctx;
+  delete st;
+}
+
+// Closes `ep` (force: cancel everything); `closed` runs when UCX is done with it.
+void close_ep(ucp_ep_h ep, EndpointContext* ctx, bool force, std::function<void()> closed) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  p.cb.send = on_close_done;
+  auto* st = new CloseState{ctx, std::move(closed)};
+  p.user_data = st;
+  ucs_status_ptr_t sp = ucp_ep_close_nbx(ep, &p);
+  if (sp == nullptr || UCS_PTR_IS_ERR(sp)) {
+    if (st->closed) st->closed();
+    delete st->ctx;
+    delete st;
+  }
+}
+
+}  // namespace
+
+UcxPeer::UcxPeer(UcxBackend& backend, EngineMeta meta, std::string worker_address, RemoteTable table,
+                 int process_watch)
+    : backend_(backend),
+      meta_(std::move(meta)),
+      worker_address_(std::move(worker_address)),
+      table_(std::move(table)),
+      process_watch_(process_watch) {}
+
+bool UcxPeer::process_exited() const { return siesta::transfer::process_exited(process_watch_); }
+
+UcxPeer::~UcxPeer() {
+  if (process_watch_ >= 0) close(process_watch_);
+  // release() normally closed everything; otherwise close it now without us.
+  std::vector<ucp_rkey_h> rkeys = std::move(rkeys_);
+  if (table_rkey_ != nullptr) rkeys.push_back(table_rkey_);
+  ucp_ep_h ep = ep_;
+  EndpointContext* ctx = ep_context_;
+  auto cleanup = [rkeys, ep, ctx] {
+    for (ucp_rkey_h r : rkeys)
+      if (r != nullptr) ucp_rkey_destroy(r);
+    if (ep != nullptr) close_ep(ep, ctx, true, nullptr);
+  };
+  if (rkeys.empty() && ep == nullptr) return;
+  if (backend_.worker().on_worker_thread()) {
+    cleanup();
+  } else {
+    backend_.worker().post(cleanup);
+  }
+}
+
+void UcxPeer::open(std::function<void(Ok)> done) {
+  auto* ctx = new EndpointContext{weak_from_this(), &backend_.worker()};
+  ucp_ep_params_t ep_params{};
+  ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  ep_params.address = reinterpret_cast<const ucp_address_t*>(worker_address_.data());
+  bool handle_errors = backend_.worker().peer_error_handling();
+  ep_params.err_mode = handle_errors ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  if (handle_errors) {
+    ep_params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep_params.err_handler.cb = on_ep_error;
+    ep_params.err_handler.arg = ctx;
+  }
+  ucs_status_t st = ucp_ep_create(backend_.worker().worker(), &ep_params, &ep_);
+  if (st != UCS_OK) {
+    delete ctx;
+    ep_ = nullptr;
+    done(ucx_error(fmt::format("creating a UCX endpoint to peer {} (do both engines share a transport? compare "
+                               "their ucx_transports; with peer error handling on, UCX 1.13 cannot use its "
+                               "shared-memory transports: add tcp, or turn ucx_peer_error_handling off)",
+                               meta_.engine_id)
+                       .c_str(),
+                   st));
+    return;
+  }
+  ep_context_ = ctx;
+  rkeys_.assign(meta_.regions.size(), nullptr);
+  for (size_t i = 0; i < meta_.regions.size(); ++i) {
+    st = ucp_ep_rkey_unpack(ep_, meta_.regions[i].backend_blob.data(), &rkeys_[i]);
+    if (st != UCS_OK) {
+      done(ucx_error(fmt::format("unpacking the rkey of region {} of peer {}", meta_.regions[i].id.value,
+                                 meta_.engine_id)
+                         .c_str(),
+                     st));
+      return;
+    }
+  }
+  st = ucp_ep_rkey_unpack(ep_, table_.rkey.data(), &table_rkey_);
+  if (st != UCS_OK) {
+    done(ucx_error(fmt::format("unpacking the region-table rkey of peer {}", meta_.engine_id).c_str(), st));
+    return;
+  }
+  // A flush completes the connection, so an unreachable peer fails the handshake.
+  struct FlushState {
+    std::function<void(Ok)> done;
+    std::string peer;
+  };
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  auto* fs = new FlushState{std::move(done), meta_.engine_id};
+  p.user_data = fs;
+  p.cb.send = [](void* request, ucs_status_t status, void* user_data) {
+    auto* s = static_cast<FlushState*>(user_data);
+    ucp_request_free(request);
+    if (status == UCS_OK) {
+      s->done(Ok{});
+    } else {
+      s->done(ucx_error(fmt::format("connecting to peer {} over UCX", s->peer).c_str(), status));
+    }
+    delete s;
+  };
+  ucs_status_ptr_t sp = ucp_ep_flush_nbx(ep_, &p);
+  if (sp == nullptr) {
+    fs->done(Ok{});
+    delete fs;
+  } else if (UCS_PTR_IS_ERR(sp)) {
+    fs->done(ucx_error(fmt::format("connecting to peer {} over UCX", meta_.engine_id).c_str(), UCS_PTR_STATUS(sp)));
+    delete fs;
+  }
+}
+
+void UcxPeer::post(XferPlan plan, XferDone done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (released_) {
+      done(unavailable(fmt::format("the descriptor of peer {} was released (INVALIDATE or a new handshake); "
+                                   "handshake again",
+                                   meta_.engine_id)));
+      return;
+    }
+    ++in_flight_;
+  }
+  auto* x = new UcxXfer;
+  x->peer = shared_from_this();
+  x->plan = std::move(plan);
+  x->done = std::move(done);
+  backend_.worker().post([x] { x->peer->start(x); });
+}
+
+void UcxPeer::advance_later(UcxXfer* x) { backend_.ready(x); }
+
+void UcxPeer::start(UcxXfer* x) {
+  backend_.track(x);
+  xfers_.insert(x);
+  if (broken_) {
+    x->failure = *broken_;
+  } else if (expired(x->plan.deadline)) {
+    x->failure = timeout("the deadline passed before the transfer started");
+  } else {
+    fetch_table(x);
+    return;
+  }
+  backend_.ready(x);
+}
+
+void UcxPeer::issue(UcxXfer* x, ucs_status_ptr_t sp) {
+  if (sp == nullptr) return;  // done already
+  if (UCS_PTR_IS_ERR(sp)) {
+    if (!x->failure)
+      x->failure = ucx_error(fmt::format("UCX operation with peer {}", meta_.engine_id).c_str(), UCS_PTR_STATUS(sp));
+    return;
+  }
+  x->requests.insert(sp);
+  ++x->outstanding;
+}
+
+namespace {
+ucp_request_param_t request_param(UcxXfer* x) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = on_request_done;
+  p.user_data = x;
+  return p;
+}
+}  // namespace
+
+void UcxPeer::fetch_table(UcxXfer* x) {
+  if (ep_ == nullptr) {
+    if (!x->failure) x->failure = broken_.value_or(unavailable("the endpoint is closed"));
+    backend_.ready(x);
+    return;
+  }
+  uint32_t max_slot = 0;
+  for (const XferSegment& s : x->plan.segments) max_slot = std::max(max_slot, meta_.regions[s.remote_index].slot);
+  size_t words = std::min<size_t>(kRegionTableHeaderWords + max_slot + 1, table_.bytes / sizeof(uint64_t));
+  x->table.assign(words, 0);
+  ucp_request_param_t p = request_param(x);
+  issue(x, ucp_get_nbx(ep_, x->table.data(), words * sizeof(uint64_t), table_.address, table_rkey_, &p));
+  if (x->outstanding == 0) backend_.ready(x);
+}
+
+void UcxPeer::send_data(UcxXfer* x) {
+  if (ep_ == nullptr) {
+    if (!x->failure) x->failure = broken_.value_or(unavailable("the endpoint is closed"));
+    backend_.ready(x);
+    return;
+  }
+  for (const XferSegment& s : x->plan.segments) {
+    const RegionDesc& d = meta_.regions[s.remote_index];
+    uint64_t remote = d.base + s.remote_offset;
+    ucp_request_param_t p = request_param(x);
+    if (ucp_mem_h memh = backend_.local_memh(s.local_region)) {
+      p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+      p.memh = memh;
+    }
+    if (x->plan.op == XferOp::kWrite) {
+      issue(x, ucp_put_nbx(ep_, s.local, s.bytes, remote, rkeys_[s.remote_index], &p));
+    } else {
+      issue(x, ucp_get_nbx(ep_, s.local, s.bytes, remote, rkeys_[s.remote_index], &p));
+    }
+    if (x->failure) break;
+  }
+  if (x->outstanding == 0) backend_.ready(x);
+}
+
+void UcxPeer::advance(UcxXfer* x) {
+  x->queued = false;
+  if (x->outstanding > 0) return;
+  if (x->failure) {
+    complete(x, *x->failure);
+    return;
+  }
+  auto check = [&]() -> Ok {
+    for (const XferSegment& s : x->plan.segments) {
+      const RegionDesc& d = meta_.regions[s.remote_index];
+      SIESTA_TRY(check_region_live(x->table.data(), x->table.size(), d.slot, d.id, meta_.epoch));
+    }
+    return {};
+  };
+  switch (x->stage) {
+    case UcxXfer::Stage::kPreCheck: {
+      Ok live = check();
+      if (!live) {
+        complete(x, live.error().with_context("nothing was sent"));
+        return;
+      }
+      x->stage = UcxXfer::Stage::kData;
+      send_data(x);
+      return;
+    }
+    case UcxXfer::Stage::kData:
+      if (x->plan.op == XferOp::kWrite) {
+        x->stage = UcxXfer::Stage::kFlush;
+        ucp_request_param_t p = request_param(x);
+        issue(x, ucp_ep_flush_nbx(ep_, &p));
+        if (x->outstanding == 0) backend_.ready(x);
+      } else {
+        x->stage = UcxXfer::Stage::kPostCheck;
+        fetch_table(x);
+      }
+      return;
+    case UcxXfer::Stage::kFlush:
+      x->stage = UcxXfer::Stage::kPostCheck;
+      fetch_table(x);
+      return;
+    case UcxXfer::Stage::kPostCheck: {
+      Ok live = check();
+      if (!live) {
+        complete(x, live.error().with_context(x->plan.op == XferOp::kRead
+                                                  ? "the bytes read are not trusted"
+                                                  : "the bytes written may not have reached the peer"));
+        return;
+      }
+      complete(x, Ok{});
+      return;
+    }
+  }
+}
+
+void UcxPeer::complete(UcxXfer* x, Ok result) {
+  backend_.untrack(x);
+  xfers_.erase(x);
+  std::shared_ptr<UcxPeer> self = std::move(x->peer);
+  XferDone done = std::move(x->done);
+  delete x;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--in_flight_ == 0) idle_cv_.notify_all();
+  }
+  done(std::move(result));
+}
+
+void UcxPeer::break_connection(const Status& why, bool peer_gone) {
+  if (broken_ && (ep_ == nullptr || !peer_gone)) return;
+  if (!broken_) broken_ = why;
+  for (UcxXfer* x : xfers_)
+    if (!x->failure) x->failure = why;
+  if (!peer_gone && !backend_.worker().peer_error_handling()) {
+    for (UcxXfer* x : xfers_)
+      if (x->outstanding == 0) backend_.ready(x);
+    return;
+  }
+  for (ucp_rkey_h& r : rkeys_) {
+    if (r != nullptr) ucp_rkey_destroy(r);
+    r = nullptr;
+  }
+  if (table_rkey_ != nullptr) ucp_rkey_destroy(table_rkey_);
+  table_rkey_ = nullptr;
+  if (ep_ != nullptr) {
+    ucp_ep_h ep = ep_;
+    ep_ = nullptr;
+    EndpointContext* ctx = ep_context_;
+    ep_context_ = nullptr;
+    close_ep(ep, ctx, true, nullptr);  // cancels what is in flight: their callbacks fail them
+  }
+  // Transfers between stages (no request outstanding) fail on the next tick.
+  // Without peer error handling a forced close does not complete the
+  // requests to a dead peer: such transfers are failed now and their
+  // requests left to UCX (orphans, freed if UCX ever completes them).
+  std::vector<UcxXfer*> stuck;
+  for (UcxXfer* x : xfers_) {
+    if (x->outstanding == 0) {
+      backend_.ready(x);
+    } else if (peer_gone && !backend_.worker().peer_error_handling()) {
+      stuck.push_back(x);
+    }
+  }
+  for (UcxXfer* x : stuck) orphan(x);
+}
+
+void UcxPeer::orphan(UcxXfer* x) {
+  backend_.untrack(x);
+  xfers_.erase(x);
+  x->orphaned = true;
+  std::shared_ptr<UcxPeer> self = std::move(x->peer);
+  XferDone done = std::move(x->done);
+  Status why = x->failure.value_or(unavailable("the peer is gone"));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--in_flight_ == 0) idle_cv_.notify_all();
+  }
+  done(std::move(why));
+}
+
+Ok UcxPeer::release(Deadline deadline) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    released_ = true;
+    if (!idle_cv_.wait_until(lock, deadline, [&] { return in_flight_ == 0; })) {
+      lock.unlock();
+      std::weak_ptr<UcxPeer> weak = weak_from_this();
+      std::string peer = meta_.engine_id;
+      backend_.worker().post([weak, peer] {
+        if (auto p = weak.lock())
+          p->break_connection(unavailable(fmt::format("the descriptor of peer {} was released while the transfer "
+                                                      "was in flight",
+                                                      peer)),
+                              false);
+      });
+      lock.lock();
+      idle_cv_.wait_until(lock, deadline + kReleaseGrace, [&] { return in_flight_ == 0; });
+      if (in_flight_ > 0)
+        return timeout(fmt::format("{} transfers with peer {} did not end after being cancelled", in_flight_,
+                                   meta_.engine_id));
+    }
+  }
+  auto closed = std::make_shared<Waiter<bool>>();
+  auto self = shared_from_this();
+  backend_.worker().post([self, closed] {
+    for (ucp_rkey_h& r : self->rkeys_) {
+      if (r != nullptr) ucp_rkey_destroy(r);
+      r = nullptr;
+    }
+    if (self->table_rkey_ != nullptr) ucp_rkey_destroy(self->table_rkey_);
+    self->table_rkey_ = nullptr;
+    if (self->ep_ == nullptr) {
+      closed->set(true);
+      return;
+    }
+    ucp_ep_h ep = self->ep_;
+    self->ep_ = nullptr;
+    EndpointContext* ctx = self->ep_context_;
+    self->ep_context_ = nullptr;
+    close_ep(ep, ctx, false, [closed] { closed->set(true); });
+  });
+  if (!closed->wait_until(deadline + kReleaseGrace))
+    return timeout(fmt::format("closing the UCX endpoint to peer {} did not finish before the deadline",
+                               meta_.engine_id));
+  return {};
+}
+
+}  // namespace siesta::transfer::ucx

@@ -1,0 +1,79 @@
+// UcxWorker: one UCP context and worker, and the thread that owns the worker.
+//
+// Every call that touches the worker (endpoints, rkey unpacking, puts, gets,
+// flushes, progress) runs on that thread: post() queues a task for it.
+// Context-level calls (ucp_mem_map, ucp_rkey_pack) are thread safe
+// (mt_workers_shared) and run on the caller's thread.
+//
+// The loop: run queued tasks, progress the worker, run the tick (which moves
+// transfers along and enforces their deadlines). While the tick reports work
+// in flight it spins; when idle it sleeps with a growing backoff (up to 1 ms)
+// that post() cuts short, so a peer writing into our memory over a transport
+// that needs our progress (tcp) is served within a millisecond.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/status.h"
+
+namespace siesta::transfer::ucx {
+
+struct UcxOptions {
+  std::string transports;   // UCX_TLS; empty: UCX's default
+  std::string net_devices;  // UCX_NET_DEVICES; empty: UCX's default
+  bool peer_error_handling = true;
+};
+
+class UcxWorker {
+ public:
+  static Result<std::unique_ptr<UcxWorker>> create(const UcxOptions& options);
+  ~UcxWorker();
+  UcxWorker(const UcxWorker&) = delete;
+  UcxWorker& operator=(const UcxWorker&) = delete;
+
+  ucp_context_h context() const { return context_; }
+  ucp_worker_h worker() const { return worker_; }
+  // This worker's packed address (what peers pass to ucp_ep_create).
+  const std::string& address() const { return address_; }
+  // Whether UCX can register CUDA memory in this build and configuration.
+  bool supports_cuda() const { return supports_cuda_; }
+  bool peer_error_handling() const { return peer_error_handling_; }
+
+  // Starts the progress thread; `tick` runs on it every loop and returns true
+  // while work is in flight.
+  void start(std::function<bool()> tick);
+  // Stops and joins the progress thread (queued tasks run first).
+  void stop();
+  void post(std::function<void()> task);
+  bool on_worker_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+
+ private:
+  UcxWorker() = default;
+  void loop();
+
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::string address_;
+  bool supports_cuda_ = false;
+  bool peer_error_handling_ = true;
+
+  std::function<bool()> tick_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+Status ucx_error(const char* what, ucs_status_t status);
+
+}  // namespace siesta::transfer::ucx
