@@ -1,6 +1,7 @@
 #include "transfer/ipc/cuda_import.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #ifdef SIESTA_HAVE_CUDA
 #include <cuda.h>
@@ -13,16 +14,107 @@ namespace siesta::transfer::ipc {
 
 namespace {
 
-Status cu_error(const char* what, CUresult r) {
-  const char* name = nullptr;
-  const char* text = nullptr;
-  cuGetErrorName(r, &name);
-  cuGetErrorString(r, &text);
-  return io_error(fmt::format("{} failed: {} ({})", what, name ? name : "?", text ? text : "no description"));
-}
+#define SIESTA_TRANSFER_CU_CALLS(X)                                                                           \
+  X(cuGetErrorName) X(cuGetErrorString) X(cuMemImportFromShareableHandle) X(cuMemGetAllocationGranularity)   \
+  X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemRelease)     \
+  X(cuMemCreate) X(cuMemExportToShareableHandle)
+
+// Driver functions looked up once through the runtime. The table is immutable
+// after the lookup: it is a cache of addresses, not shared state.
+struct DriverCalls {
+#define SIESTA_DECLARE_(name) decltype(&::name) name = nullptr;
+  SIESTA_TRANSFER_CU_CALLS(SIESTA_DECLARE_)
+#undef SIESTA_DECLARE_
+  Status missing;  // set when the lookup failed
+  bool ok = false;
+};
 
 Status cuda_rt_error(const char* what, cudaError_t e) {
   return io_error(fmt::format("{} failed: {} ({})", what, cudaGetErrorName(e), cudaGetErrorString(e)));
+}
+
+const DriverCalls& driver() {
+  static const DriverCalls calls = [] {
+    DriverCalls c;
+    // Any runtime call loads the driver (and fails cleanly without one).
+    int devices = 0;
+    cudaError_t e = cudaGetDeviceCount(&devices);
+    if (e != cudaSuccess) {
+      c.missing = unavailable(fmt::format("no usable CUDA driver or device: {} ({})", cudaGetErrorName(e),
+                                          cudaGetErrorString(e)));
+      return c;
+    }
+#define SIESTA_LOOKUP_(name)                                                                              \
+  {                                                                                                       \
+    void* p = nullptr;                                                                                    \
+    cudaDriverEntryPointQueryResult q{};                                                                  \
+    if (cudaGetDriverEntryPointByVersion(#name, &p, CUDA_VERSION, cudaEnableDefault, &q) != cudaSuccess || \
+        p == nullptr) {                                                                                   \
+      c.missing = unavailable("the CUDA driver lacks " #name "; update the NVIDIA driver");               \
+      return c;                                                                                           \
+    }                                                                                                     \
+    c.name = reinterpret_cast<decltype(c.name)>(p);                                                       \
+  }
+    SIESTA_TRANSFER_CU_CALLS(SIESTA_LOOKUP_)
+#undef SIESTA_LOOKUP_
+    c.ok = true;
+    return c;
+  }();
+  return calls;
+}
+
+Status cu_error(const DriverCalls& d, const std::string& what, CUresult r) {
+  const char* name = nullptr;
+  const char* text = nullptr;
+  d.cuGetErrorName(r, &name);
+  d.cuGetErrorString(r, &text);
+  return io_error(fmt::format("{} failed: {} ({})", what, name ? name : "?", text ? text : "no description"));
+}
+
+Result<const DriverCalls*> usable_driver(int device) {
+  const DriverCalls& d = driver();
+  if (!d.ok) return d.missing;
+  // The runtime's primary context on `device` makes mappings usable by cudaMemcpyAsync.
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaFree(nullptr);
+  if (e != cudaSuccess) return cuda_rt_error("initialising the CUDA context", e);
+  return &d;
+}
+
+size_t granularity(const DriverCalls& d, int device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t g = 0;
+  if (d.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || g == 0)
+    g = size_t{2} << 20;
+  return g;
+}
+
+// Reserves, maps and grants `device` access to `handle`; cleans up on failure.
+Result<uint64_t> map_handle(const DriverCalls& d, CUmemGenericAllocationHandle handle, size_t size, size_t align,
+                            int device) {
+  CUdeviceptr ptr = 0;
+  CUresult r = d.cuMemAddressReserve(&ptr, size, align, 0, 0);
+  if (r != CUDA_SUCCESS) return cu_error(d, "cuMemAddressReserve", r);
+  r = d.cuMemMap(ptr, size, 0, handle, 0);
+  if (r != CUDA_SUCCESS) {
+    d.cuMemAddressFree(ptr, size);
+    return cu_error(d, "cuMemMap", r);
+  }
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  r = d.cuMemSetAccess(ptr, size, &access, 1);
+  if (r != CUDA_SUCCESS) {
+    d.cuMemUnmap(ptr, size);
+    d.cuMemAddressFree(ptr, size);
+    return cu_error(d, fmt::format("cuMemSetAccess for device {}", device), r);
+  }
+  return static_cast<uint64_t>(ptr);
 }
 
 // One stream per copying thread and device.
@@ -45,61 +137,29 @@ Result<cudaStream_t> thread_stream(int device) {
 bool cuda_compiled() { return true; }
 
 Result<CudaImport> cuda_import(int fd, size_t bytes, int device) {
-  CUresult r = cuInit(0);
-  if (r != CUDA_SUCCESS) return cu_error("cuInit", r);
-  // The runtime's primary context makes the mapping usable by cudaMemcpyAsync.
-  cudaError_t e = cudaSetDevice(device);
-  if (e == cudaSuccess) e = cudaFree(nullptr);
-  if (e != cudaSuccess) return cuda_rt_error("initialising the CUDA context", e);
-
-  CudaImport out;
+  SIESTA_ASSIGN_OR_RETURN(const DriverCalls* d, usable_driver(device));
   CUmemGenericAllocationHandle handle = 0;
-  r = cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
-                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  CUresult r = d->cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   if (r != CUDA_SUCCESS)
-    return cu_error("cuMemImportFromShareableHandle (was the peer's memory created with the POSIX FD handle type?)", r);
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = device;
-  size_t granularity = 0;
-  r = cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-  if (r != CUDA_SUCCESS || granularity == 0) granularity = 2u << 20;
-  size_t size = (bytes + granularity - 1) / granularity * granularity;
-  CUdeviceptr ptr = 0;
-  r = cuMemAddressReserve(&ptr, size, granularity, 0, 0);
-  if (r != CUDA_SUCCESS) {
-    cuMemRelease(handle);
-    return cu_error("cuMemAddressReserve", r);
+    return cu_error(*d, "cuMemImportFromShareableHandle (was the peer's memory created with the POSIX FD handle type?)",
+                    r);
+  size_t g = granularity(*d, device);
+  size_t size = (bytes + g - 1) / g * g;
+  auto address = map_handle(*d, handle, size, g, device);
+  if (!address) {
+    d->cuMemRelease(handle);
+    return address.error().with_context("mapping the peer's CUDA allocation");
   }
-  r = cuMemMap(ptr, size, 0, handle, 0);
-  if (r != CUDA_SUCCESS) {
-    cuMemAddressFree(ptr, size);
-    cuMemRelease(handle);
-    return cu_error("cuMemMap of the peer's allocation", r);
-  }
-  CUmemAccessDesc access{};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = device;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  r = cuMemSetAccess(ptr, size, &access, 1);
-  if (r != CUDA_SUCCESS) {
-    cuMemUnmap(ptr, size);
-    cuMemAddressFree(ptr, size);
-    cuMemRelease(handle);
-    return cu_error(fmt::format("cuMemSetAccess for device {}", device).c_str(), r);
-  }
-  out.address = ptr;
-  out.size = size;
-  out.handle = handle;
-  return out;
+  return CudaImport{*address, size, handle};
 }
 
 void cuda_release(CudaImport& import) {
   if (import.address == 0) return;
-  cuMemUnmap(import.address, import.size);
-  cuMemAddressFree(import.address, import.size);
-  cuMemRelease(import.handle);
+  const DriverCalls& d = driver();
+  d.cuMemUnmap(import.address, import.size);
+  d.cuMemAddressFree(import.address, import.size);
+  d.cuMemRelease(import.handle);
   import = CudaImport{};
 }
 
@@ -117,6 +177,44 @@ Ok cuda_copy(const std::vector<CopyPiece>& pieces, int device) {
   return {};
 }
 
+Result<CudaExportable> cuda_alloc_exportable(size_t bytes, int device) {
+  SIESTA_ASSIGN_OR_RETURN(const DriverCalls* d, usable_driver(device));
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t g = granularity(*d, device);
+  size_t size = (bytes + g - 1) / g * g;
+  CUmemGenericAllocationHandle handle = 0;
+  CUresult r = d->cuMemCreate(&handle, size, &prop, 0);
+  if (r != CUDA_SUCCESS) return cu_error(*d, fmt::format("cuMemCreate of {} bytes", size), r);
+  int fd = -1;
+  r = d->cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  if (r != CUDA_SUCCESS) {
+    d->cuMemRelease(handle);
+    return cu_error(*d, "cuMemExportToShareableHandle (POSIX FD)", r);
+  }
+  auto address = map_handle(*d, handle, size, g, device);
+  if (!address) {
+    close(fd);
+    d->cuMemRelease(handle);
+    return address.error();
+  }
+  return CudaExportable{reinterpret_cast<void*>(*address), size, fd, handle};
+}
+
+void cuda_free_exportable(CudaExportable& memory) {
+  if (memory.base == nullptr) return;
+  const DriverCalls& d = driver();
+  CUdeviceptr ptr = reinterpret_cast<CUdeviceptr>(memory.base);
+  d.cuMemUnmap(ptr, memory.bytes);
+  d.cuMemAddressFree(ptr, memory.bytes);
+  d.cuMemRelease(memory.handle);
+  if (memory.fd >= 0) close(memory.fd);
+  memory = CudaExportable{};
+}
+
 #else  // !SIESTA_HAVE_CUDA
 
 namespace {
@@ -130,6 +228,8 @@ bool cuda_compiled() { return false; }
 Result<CudaImport> cuda_import(int, size_t, int) { return no_cuda(); }
 void cuda_release(CudaImport&) {}
 Ok cuda_copy(const std::vector<CopyPiece>&, int) { return no_cuda(); }
+Result<CudaExportable> cuda_alloc_exportable(size_t, int) { return no_cuda(); }
+void cuda_free_exportable(CudaExportable&) {}
 
 #endif
 

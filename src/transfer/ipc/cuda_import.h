@@ -3,6 +3,10 @@
 // cudaMemcpyAsync. Compiled when the build has CUDA (SIESTA_HAVE_CUDA); without
 // it every call fails with a message that says so. Host-memory transfers
 // never call into this file.
+//
+// The driver API is reached through the CUDA runtime's entry-point lookup
+// (cudaGetDriverEntryPointByVersion), never linked: a binary linked against
+// libcuda does not start on a machine without the NVIDIA driver.
 #pragma once
 
 #include <cstddef>
@@ -38,5 +42,17 @@ struct CopyPiece {
 // Copies every piece (host, device or imported memory on either side) with
 // cudaMemcpyAsync on a stream of `device`, then waits for the stream.
 Ok cuda_copy(const std::vector<CopyPiece>& pieces, int device);
+
+// Device memory exportable as a POSIX FD (cuMemCreate with that handle type,
+// mapped here). For benchmarks and tests: engines take their memory from the
+// memory pool.
+struct CudaExportable {
+  void* base = nullptr;
+  size_t bytes = 0;  // rounded up to the allocation granularity
+  int fd = -1;       // exported handle; closed by cuda_free_exportable
+  uint64_t handle = 0;
+};
+Result<CudaExportable> cuda_alloc_exportable(size_t bytes, int device);
+void cuda_free_exportable(CudaExportable& memory);
 
 }  // namespace siesta::transfer::ipc

@@ -8,6 +8,10 @@
 
 namespace siesta::transfer::ucx {
 
+namespace {
+constexpr auto kSpinAfterActivity = std::chrono::microseconds(200);
+}  // namespace
+
 Status ucx_error(const char* what, ucs_status_t status) {
   return unavailable(fmt::format("{}: {}", what, ucs_status_string(status)));
 }
@@ -88,6 +92,7 @@ void UcxWorker::loop() {
   using std::chrono::microseconds;
   microseconds backoff{0};
   std::chrono::steady_clock::time_point stop_asked{};
+  std::chrono::steady_clock::time_point last_activity = std::chrono::steady_clock::now();
   for (;;) {
     std::deque<std::function<void()>> tasks;
     bool stopping = false;
@@ -108,10 +113,15 @@ void UcxWorker::loop() {
         return;
       }
     }
+    auto now = std::chrono::steady_clock::now();
     if (progressed > 0 || busy || !tasks.empty()) {
+      last_activity = now;
       backoff = microseconds{0};
       continue;
     }
+    // Right after activity a peer's next message usually follows within
+    // microseconds (the next stage of its transfer): keep polling a while.
+    if (now - last_activity < kSpinAfterActivity) continue;
     backoff = backoff.count() == 0 ? microseconds{20} : std::min(backoff * 2, microseconds{1000});
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, backoff, [&] { return !tasks_.empty() || stopping_; });

@@ -7,9 +7,10 @@
 //
 // The loop: run queued tasks, progress the worker, run the tick (which moves
 // transfers along and enforces their deadlines). While the tick reports work
-// in flight it spins; when idle it sleeps with a growing backoff (up to 1 ms)
-// that post() cuts short, so a peer writing into our memory over a transport
-// that needs our progress (tcp) is served within a millisecond.
+// in flight, and for 200 us after the last activity, it spins; then it sleeps
+// with a growing backoff (20 us to 1 ms) that post() cuts short, so a peer
+// writing into our memory over a transport that needs our progress (tcp) is
+// served within a millisecond even when we are idle.
 #pragma once
 
 #include <ucp/api/ucp.h>

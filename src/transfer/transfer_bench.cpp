@@ -1,0 +1,358 @@
+#include "transfer/transfer_bench.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "common/log.h"
+#include "transfer/bench_memory.h"
+#include "transfer/transfer_engine.h"
+#include "transfer/ucx/ucx_put_probe.h"
+
+extern char** environ;
+
+namespace siesta::transfer {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr const char* kPeerEnv = "SIESTA_TRANSFER_BENCH_PEER";
+constexpr auto kStartWait = std::chrono::seconds(120);
+constexpr auto kStepWait = std::chrono::seconds(120);
+
+TransferConfig engine_config(const TransferBenchOptions& o, const std::string& id) {
+  TransferConfig c;
+  c.engine_id = id;
+  c.backend = o.backend;
+  c.ucx_transports = o.ucx_transports;
+  c.ucx_net_devices = o.ucx_net_devices;
+  c.ucx_peer_error_handling = o.ucx_peer_error_handling;
+  c.cuda_device = o.cuda_device;
+  return c;
+}
+
+ucx::UcxOptions ucx_options(const TransferBenchOptions& o) {
+  return {o.ucx_transports, o.ucx_net_devices, o.ucx_peer_error_handling};
+}
+
+// The peer's options, as key=value pairs separated by ';'.
+std::string encode_peer_options(const TransferBenchOptions& o, size_t region_bytes) {
+  return fmt::format("backend={};memory={};region={};tls={};devices={};peer_errors={};cuda={}", o.backend,
+                     memory_kind_name(o.memory), region_bytes, o.ucx_transports, o.ucx_net_devices,
+                     o.ucx_peer_error_handling ? 1 : 0, o.cuda_device);
+}
+
+Result<std::pair<TransferBenchOptions, size_t>> decode_peer_options(const std::string& text) {
+  std::map<std::string, std::string> kv;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ';')) {
+    size_t eq = item.find('=');
+    if (eq != std::string::npos) kv[item.substr(0, eq)] = item.substr(eq + 1);
+  }
+  TransferBenchOptions o;
+  o.backend = kv["backend"];
+  o.memory = kv["memory"] == "cuda" ? MemoryKind::kCuda : MemoryKind::kHost;
+  o.ucx_transports = kv["tls"];
+  o.ucx_net_devices = kv["devices"];
+  o.ucx_peer_error_handling = kv["peer_errors"] != "0";
+  o.cuda_device = std::atoi(kv["cuda"].c_str());
+  size_t region = std::strtoull(kv["region"].c_str(), nullptr, 10);
+  if (o.backend.empty() || region == 0) return invalid_argument(fmt::format("malformed {}: '{}'", kPeerEnv, text));
+  return std::make_pair(o, region);
+}
+
+// The peer process as the initiator sees it.
+struct PeerProcess {
+  pid_t pid = -1;
+  int to_child = -1;
+  std::string address;
+
+  PeerProcess() = default;
+  PeerProcess(const PeerProcess&) = delete;
+  PeerProcess& operator=(const PeerProcess&) = delete;
+  // Closing its stdin asks it to exit; it is killed if it does not within 5 s.
+  ~PeerProcess() {
+    if (to_child >= 0) close(to_child);
+    if (pid <= 0) return;
+    for (int i = 0; i < 500; ++i) {
+      if (waitpid(pid, nullptr, WNOHANG) == pid) return;
+      std::this_thread::sleep_for(10ms);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+};
+
+Result<std::unique_ptr<PeerProcess>> spawn_peer(const TransferBenchOptions& o, size_t region_bytes) {
+  if (o.peer_argv.empty()) return invalid_argument("the benchmark needs a command for its peer process");
+  std::vector<std::string> args = o.peer_argv;
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::strncmp(*e, kPeerEnv, std::strlen(kPeerEnv)) != 0) env.emplace_back(*e);
+  env.push_back(std::string(kPeerEnv) + "=" + encode_peer_options(o, region_bytes));
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+
+  int in[2], out[2];
+  if (pipe2(in, O_CLOEXEC) != 0) return io_error("pipe for the peer process");
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    close(in[0]);
+    close(in[1]);
+    return io_error("pipe for the peer process");
+  }
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], STDIN_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
+  auto peer = std::make_unique<PeerProcess>();
+  int rc = posix_spawn(&peer->pid, argv[0], &fa, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  close(in[0]);
+  close(out[1]);
+  peer->to_child = in[1];
+  if (rc != 0) {
+    close(out[0]);
+    peer->pid = -1;
+    return io_error(fmt::format("cannot start the peer process {}: {}", args[0], std::strerror(rc)));
+  }
+  // Its first line that starts with ADDRESS (UCX may print lines of its own).
+  std::string line;
+  Deadline deadline = Clock::now() + kStartWait;
+  char ch;
+  while (peer->address.empty() && !expired(deadline)) {
+    pollfd p{out[0], POLLIN, 0};
+    if (poll(&p, 1, millis_left(deadline)) <= 0 || read(out[0], &ch, 1) != 1) break;
+    if (ch != '\n') {
+      line += ch;
+    } else {
+      if (line.rfind("ADDRESS ", 0) == 0) peer->address = line.substr(8);
+      line.clear();
+    }
+  }
+  close(out[0]);
+  if (peer->address.empty()) return unavailable("the benchmark's peer process did not start (see its messages above)");
+  return peer;
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+std::string limit_description(const TransferBenchOptions& o) {
+  if (o.backend == "ucx")
+    return fmt::format("raw UCX put loop (ucp_put_nbx + flush, transports {}), same bytes", o.ucx_transports);
+  return o.memory == MemoryKind::kCuda ? "cudaMemcpy device-to-device in one process, same bytes"
+                                       : "memcpy in one process, one thread, same bytes";
+}
+
+}  // namespace
+
+Result<std::vector<size_t>> parse_byte_sizes(const std::string& text) {
+  std::vector<size_t> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    size_t mult = 1;
+    char last = static_cast<char>(std::toupper(static_cast<unsigned char>(item.back())));
+    if (last == 'K' || last == 'M' || last == 'G') {
+      mult = last == 'K' ? size_t{1} << 10 : last == 'M' ? size_t{1} << 20 : size_t{1} << 30;
+      item.pop_back();
+    }
+    char* end = nullptr;
+    unsigned long long n = std::strtoull(item.c_str(), &end, 10);
+    if (item.empty() || end == item.c_str() || *end != '\0' || n == 0)
+      return invalid_argument(fmt::format("'{}' is not a size like 4K, 1M or 4096", item + (mult > 1 ? std::string(1, last) : "")));
+    out.push_back(static_cast<size_t>(n) * mult);
+  }
+  if (out.empty()) return invalid_argument("no size given");
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool transfer_bench_peer_requested() { return std::getenv(kPeerEnv) != nullptr; }
+
+int serve_transfer_bench_peer() {
+  const char* env = std::getenv(kPeerEnv);
+  auto parsed = decode_peer_options(env ? env : "");
+  auto fail = [](const Status& s) {
+    std::cerr << "siesta bench transfer (peer): " << s.message << "\n";
+    return 1;
+  };
+  if (!parsed) return fail(parsed.error());
+  const TransferBenchOptions& o = parsed->first;
+  auto engine = TransferEngine::create(engine_config(o, fmt::format("bench-target-{}", getpid())));
+  if (!engine) return fail(engine.error());
+  auto memory = BenchMemory::create(o.memory, parsed->second, o.cuda_device);
+  if (!memory) return fail(memory.error());
+  auto region = (*engine)->register_region((*memory)->spec());
+  if (!region) return fail(region.error());
+  std::unique_ptr<ucx::UcxPutTarget> target;
+  BenchMemory* mem = memory->get();
+  std::mutex mu;
+  (*engine)->set_message_handler([&](const PeerMessage& m) -> Result<std::string> {
+    std::lock_guard<std::mutex> lock(mu);
+    std::istringstream in(m.payload);
+    std::string cmd;
+    size_t off = 0, len = 0;
+    uint64_t seed = 0;
+    in >> cmd;
+    if (cmd == "region") return fmt::format("{}", region->value);
+    if (cmd == "fill") {
+      in >> off >> len >> seed;
+      SIESTA_TRY(mem->fill(off, len, seed));
+      return std::string("ok");
+    }
+    if (cmd == "hash") {
+      in >> off >> len;
+      SIESTA_ASSIGN_OR_RETURN(uint64_t h, mem->hash(off, len));
+      return fmt::format("{}", h);
+    }
+    if (cmd == "put-target") {
+      if (!target) {
+        SIESTA_ASSIGN_OR_RETURN(target, ucx::UcxPutTarget::create(ucx_options(o), mem->base(), mem->bytes()));
+      }
+      return target->descriptor();
+    }
+    return invalid_argument("unknown benchmark command " + cmd);
+  });
+  std::cout << "ADDRESS " << (*engine)->address() << std::endl;
+  dup2(STDERR_FILENO, STDOUT_FILENO);  // the initiator stopped reading the pipe
+  char buf[64];
+  while (read(STDIN_FILENO, buf, sizeof(buf)) > 0) {
+  }
+  target.reset();
+  engine->reset();
+  return 0;
+}
+
+Result<TransferBenchReport> run_transfer_bench(const TransferBenchOptions& o) {
+  if (o.sizes.empty()) return invalid_argument("no entry sizes to measure");
+  if (o.batch == 0) return invalid_argument("the batch must hold at least one entry");
+  size_t largest = *std::max_element(o.sizes.begin(), o.sizes.end());
+  size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  size_t region_bytes = (largest * o.batch + page - 1) / page * page;
+  bool write = o.op == XferOp::kWrite;
+
+  SIESTA_ASSIGN_OR_RETURN(auto peer, spawn_peer(o, region_bytes));
+  SIESTA_ASSIGN_OR_RETURN(auto engine, TransferEngine::create(engine_config(o, fmt::format("bench-initiator-{}", getpid()))));
+  SIESTA_ASSIGN_OR_RETURN(auto local, BenchMemory::create(o.memory, region_bytes, o.cuda_device));
+  SIESTA_ASSIGN_OR_RETURN(RegionId local_id, engine->register_region(local->spec()));
+  SIESTA_ASSIGN_OR_RETURN(std::string peer_id, engine->connect(peer->address, Clock::now() + kStartWait));
+  auto ask = [&](const std::string& cmd) -> Result<std::string> {
+    auto r = engine->send_message(peer->address, cmd, Clock::now() + kStepWait);
+    if (!r) return r.error().with_context(fmt::format("benchmark peer, '{}'", cmd.substr(0, cmd.find(' '))));
+    return r;
+  };
+  SIESTA_ASSIGN_OR_RETURN(std::string remote_text, ask("region"));
+  RegionId remote{std::strtoull(remote_text.c_str(), nullptr, 10)};
+
+  // The limit: its own buffers (ipc) or a raw UCX connection (ucx).
+  std::unique_ptr<BenchMemory> limit_src, limit_dst;
+  std::unique_ptr<ucx::UcxPutProbe> probe;
+  if (o.backend == "ucx") {
+    SIESTA_ASSIGN_OR_RETURN(std::string descriptor, ask("put-target"));
+    SIESTA_ASSIGN_OR_RETURN(probe, ucx::UcxPutProbe::connect(ucx_options(o), descriptor, local->base(), region_bytes,
+                                                             Clock::now() + kStartWait));
+  } else {
+    SIESTA_ASSIGN_OR_RETURN(limit_src, BenchMemory::create(o.memory, region_bytes, o.cuda_device));
+    SIESTA_ASSIGN_OR_RETURN(limit_dst, BenchMemory::create(o.memory, region_bytes, o.cuda_device));
+    SIESTA_TRY(limit_src->fill(0, region_bytes, 7));
+  }
+
+  TransferBenchReport report;
+  report.limit = limit_description(o);
+  for (size_t si = 0; si < o.sizes.size(); ++si) {
+    size_t size = o.sizes[si];
+    size_t per_xfer = size * o.batch;
+    size_t iters = o.iterations != 0 ? o.iterations : std::clamp<size_t>((size_t{512} << 20) / per_xfer, 5, 500);
+    std::vector<XferEntry> entries;
+    for (size_t i = 0; i < o.batch; ++i) entries.push_back({local_id, i * size, remote, i * size, size});
+    // Fresh content per entry on the source, another on the destination, so
+    // verification cannot pass on what an earlier size left behind.
+    auto seed_of = [&](size_t i) -> uint64_t { return 1000 * (si + 1) + i; };
+    for (size_t i = 0; i < o.batch; ++i) {
+      uint64_t src = seed_of(i), dst = seed_of(i) + 500;
+      SIESTA_TRY(local->fill(i * size, size, write ? src : dst));
+      SIESTA_TRY(ask(fmt::format("fill {} {} {}", i * size, size, write ? dst : src)));
+    }
+    auto one_transfer = [&]() -> Result<double> {
+      auto t0 = Clock::now();
+      SIESTA_ASSIGN_OR_RETURN(XferId id, engine->submit(peer_id, o.op, entries, std::nullopt, Clock::now() + kStepWait));
+      XferStatus st = engine->wait(id, Clock::now() + kStepWait);
+      if (st.pending()) return timeout("a benchmark transfer did not finish in 120 s");
+      if (st.failed()) return st.why;
+      return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    };
+    for (int w = 0; w < 2; ++w) SIESTA_TRY(one_transfer());
+    std::vector<double> latencies;
+    auto start = Clock::now();
+    for (size_t i = 0; i < iters; ++i) {
+      SIESTA_ASSIGN_OR_RETURN(double us, one_transfer());
+      latencies.push_back(us);
+    }
+    double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+
+    auto limit_once = [&]() -> Ok {
+      if (probe) return probe->put_batch(size, o.batch, Clock::now() + kStepWait);
+      if (o.memory == MemoryKind::kHost) {
+        for (size_t i = 0; i < o.batch; ++i)
+          std::memcpy(limit_dst->base() + i * size, limit_src->base() + i * size, size);
+        return {};
+      }
+      std::vector<ipc::CopyPiece> pieces;
+      for (size_t i = 0; i < o.batch; ++i)
+        pieces.push_back({limit_dst->base() + i * size, limit_src->base() + i * size, size});
+      return ipc::cuda_copy(pieces, o.cuda_device);
+    };
+    for (int w = 0; w < 2; ++w) SIESTA_TRY(limit_once());
+    auto limit_start = Clock::now();
+    for (size_t i = 0; i < iters; ++i) SIESTA_TRY(limit_once());
+    double limit_seconds = std::chrono::duration<double>(Clock::now() - limit_start).count();
+
+    bool verified = true;
+    for (size_t i = 0; i < o.batch && verified; ++i) {
+      SIESTA_ASSIGN_OR_RETURN(uint64_t mine, local->hash(i * size, size));
+      SIESTA_ASSIGN_OR_RETURN(std::string theirs, ask(fmt::format("hash {} {}", i * size, size)));
+      verified = std::to_string(mine) == theirs && mine == local->expected_hash(size, seed_of(i));
+    }
+
+    TransferBenchRow row;
+    row.bytes = size;
+    row.batch = o.batch;
+    row.iterations = iters;
+    double moved = static_cast<double>(per_xfer) * static_cast<double>(iters);
+    row.gb_per_s = moved / seconds / 1e9;
+    row.limit_gb_per_s = moved / limit_seconds / 1e9;
+    row.p50_us = percentile(latencies, 0.50);
+    row.p99_us = percentile(latencies, 0.99);
+    row.verified = verified;
+    report.rows.push_back(row);
+  }
+  return report;
+}
+
+}  // namespace siesta::transfer

@@ -1,0 +1,67 @@
+// TransferBench: what `siesta bench transfer` measures, as a library call so
+// that tests can run it too.
+//
+// Two processes: the caller is the initiator; a peer process (started with
+// options.peer_argv, its options passed in the environment variable
+// SIESTA_TRANSFER_BENCH_PEER) registers the target region. For each entry
+// size, transfers of `batch` entries of that size run one at a time, each
+// timed from submit() to done; then the limit runs over the same bytes the
+// same number of times (memcpy for ipc host memory, cudaMemcpy
+// device-to-device for ipc CUDA memory, a raw UCX put loop for ucx); then
+// every transferred byte is verified (both sides hash each entry, and the
+// hash must be that of the source's pattern).
+//
+// A program that can be the peer calls serve_transfer_bench_peer() when
+// transfer_bench_peer_requested() (the CLI: `bench transfer --serve-peer`).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "transfer/region.h"
+#include "transfer/xfer.h"
+
+namespace siesta::transfer {
+
+struct TransferBenchOptions {
+  std::string backend = "ipc";  // ipc | ucx
+  MemoryKind memory = MemoryKind::kHost;
+  std::vector<size_t> sizes = {4u << 10, 64u << 10, 1u << 20, 16u << 20, 64u << 20};
+  size_t batch = 4;
+  XferOp op = XferOp::kWrite;
+  size_t iterations = 0;  // per size; 0: about 512 MiB worth, between 5 and 500
+  std::string ucx_transports = "tcp";
+  std::string ucx_net_devices = "lo";
+  bool ucx_peer_error_handling = true;
+  int cuda_device = 0;
+  // The peer process: an executable and its arguments (argv[0] first).
+  std::vector<std::string> peer_argv;
+};
+
+struct TransferBenchRow {
+  size_t bytes = 0;  // one entry
+  size_t batch = 0;
+  size_t iterations = 0;
+  double gb_per_s = 0;
+  double limit_gb_per_s = 0;
+  double p50_us = 0;
+  double p99_us = 0;
+  bool verified = false;
+};
+
+struct TransferBenchReport {
+  std::string limit;  // what the limit is
+  std::vector<TransferBenchRow> rows;
+};
+
+Result<TransferBenchReport> run_transfer_bench(const TransferBenchOptions& options);
+
+bool transfer_bench_peer_requested();
+// Serves as the peer until standard input closes; the exit code.
+int serve_transfer_bench_peer();
+
+// "4K,64K,1M,16M,64M" (K, M, G: powers of 1024), ascending.
+Result<std::vector<size_t>> parse_byte_sizes(const std::string& text);
+
+}  // namespace siesta::transfer

@@ -1,0 +1,73 @@
+// The transfer benchmark end to end (what `siesta bench transfer` runs):
+// this test binary is its own peer process (the static initializer below
+// serves when the benchmark starts it).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "common/log.h"
+#include "transfer/transfer_bench.h"
+
+namespace siesta::transfer {
+namespace {
+
+const int kPeerMode = [] {
+  if (!transfer_bench_peer_requested()) return 0;
+  init_logging("warn");
+  std::_Exit(serve_transfer_bench_peer());
+}();
+
+TransferBenchOptions options(const std::string& backend, std::vector<size_t> sizes, size_t batch) {
+  TransferBenchOptions o;
+  o.backend = backend;
+  o.sizes = std::move(sizes);
+  o.batch = batch;
+  o.iterations = 5;
+  o.peer_argv = {"/proc/self/exe"};
+  return o;
+}
+
+void expect_rows(const Result<TransferBenchReport>& report, const std::vector<size_t>& sizes, size_t batch) {
+  ASSERT_TRUE(report) << report.error().message;
+  ASSERT_EQ(report->rows.size(), sizes.size());
+  EXPECT_FALSE(report->limit.empty());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const TransferBenchRow& r = report->rows[i];
+    EXPECT_EQ(r.bytes, sizes[i]);
+    EXPECT_EQ(r.batch, batch);
+    EXPECT_EQ(r.iterations, 5u);
+    EXPECT_TRUE(r.verified) << "size " << r.bytes;
+    EXPECT_GT(r.gb_per_s, 0);
+    EXPECT_GT(r.limit_gb_per_s, 0);
+    EXPECT_GT(r.p99_us, 0);
+    EXPECT_LE(r.p50_us, r.p99_us);
+  }
+}
+
+TEST(TransferBench, IpcWritesAndReadsVerifyEveryByte) {
+  expect_rows(run_transfer_bench(options("ipc", {4096, 1u << 20}, 3)), {4096, 1u << 20}, 3);
+  TransferBenchOptions read = options("ipc", {65536}, 2);
+  read.op = XferOp::kRead;
+  expect_rows(run_transfer_bench(read), {65536}, 2);
+}
+
+TEST(TransferBench, UcxOverTcpAgainstTheRawPutLoop) {
+  TransferBenchOptions o = options("ucx", {4096, 256u << 10}, 2);
+  o.ucx_transports = "tcp";
+  o.ucx_net_devices = "lo";
+  expect_rows(run_transfer_bench(o), {4096, 256u << 10}, 2);
+}
+
+TEST(TransferBench, ParsesSizesAndRefusesNonsense) {
+  auto sizes = parse_byte_sizes("64M,4K,1m,4096");
+  ASSERT_TRUE(sizes);
+  EXPECT_EQ(*sizes, (std::vector<size_t>{4096, 4096, 1u << 20, 64u << 20}));
+  auto bad = parse_byte_sizes("4Q");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("4Q"), std::string::npos) << bad.error().message;
+  EXPECT_FALSE(parse_byte_sizes(""));
+  EXPECT_FALSE(parse_byte_sizes("K"));
+}
+
+}  // namespace
+}  // namespace siesta::transfer
