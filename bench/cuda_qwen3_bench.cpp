@@ -1,0 +1,321 @@
+// CUDA Qwen3 benchmark: decode throughput and prefill latency, each against
+// the roofline measured in the same run (device-to-device copy bandwidth for
+// bytes, cuBLASLt bf16 rate for FLOPs), in the default and the batch-invariant
+// mode, with the Hugging Face transformers baseline merged in when given.
+//
+//   cuda_qwen3_bench --model DIR [--out results.json] [--hf hf_baseline.json]
+//                    [--batches 1,32,128] [--prompt 128] [--gen 128] [--prefill 512,4096]
+//                    [--commit SHA] [--no-invariant]
+//
+// Decode: B sequences with random prompts of --prompt tokens are prefilled,
+// then --gen steps run through CudaQwen3::forward_sample (greedy on the GPU,
+// CUDA graphs), timed on the host clock around the steps: what an engine loop
+// would see, host planning and the token copy included. The whole run is done
+// twice and the second timed, so graph capture stays out of the numbers.
+// Prefill: one sequence of N tokens, logits for the last; median of 10.
+#if defined(SIESTA_HAVE_CUDA)
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "model/cuda/device_limits.h"
+#include "model/cuda/qwen3_cuda.h"
+
+namespace {
+
+using siesta::CudaModelOptions;
+using siesta::CudaQwen3;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string model, out, hf, commit;
+  std::vector<int> batches = {1, 32, 128};
+  std::vector<int> prefill = {512, 4096};
+  int prompt = 128, gen = 128;
+  bool invariant = true;
+};
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stoi(item));
+  return v;
+}
+
+[[noreturn]] void fail(const std::string& what) {
+  std::cerr << "cuda_qwen3_bench: " << what << "\n";
+  std::exit(1);
+}
+
+template <class T>
+T check(siesta::Result<T> r, const std::string& what) {
+  if (!r) fail(what + ": " + r.error().message);
+  return std::move(*r);
+}
+void check(siesta::Result<void> r, const std::string& what) {
+  if (!r) fail(what + ": " + r.error().message);
+}
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Sizes of the model, for the roofline.
+struct Shape {
+  double layer_params, lm_head_params, weight_bytes, kv_bytes_per_token;
+  int L, heads, hd, vocab;
+};
+
+Shape shape_of(const siesta::ModelConfig& c, size_t weight_bytes) {
+  const double H = c.hidden_size, I = c.intermediate_size, QD = c.q_dim(), KVD = c.kv_dim();
+  Shape s;
+  s.layer_params = (QD + 2 * KVD) * H + H * QD + 3 * I * H;
+  s.lm_head_params = static_cast<double>(c.vocab_size) * H;
+  s.weight_bytes = static_cast<double>(weight_bytes);
+  s.kv_bytes_per_token = 2.0 * c.num_layers * KVD * 2;  // K and V, bf16, every layer
+  s.L = c.num_layers;
+  s.heads = c.num_heads;
+  s.hd = c.head_dim;
+  s.vocab = c.vocab_size;
+  return s;
+}
+
+struct DecodeResult {
+  double seconds = 0, tok_s = 0, ms_per_step = 0;
+};
+
+// Prefill B random prompts, then `gen` greedy decode steps; returns the decode timing.
+// The KV cache is the caller's, the same for the warm-up and the timed run:
+// graphs are captured per cache address.
+DecodeResult run_decode(CudaQwen3& m, const siesta::cuda::DeviceBuffer& kv, int B, int prompt, int gen,
+                        uint32_t seed) {
+  const int per_seq_blocks = (prompt + gen + 15) / 16;
+  const int blocks = B * per_seq_blocks;
+  const siesta::KvCacheView view{kv.data(), blocks, m.kv_layout()};
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> tok(0, std::min(m.config().vocab_size, 150000) - 1);
+  std::vector<std::vector<int32_t>> tables(B), pending(B);
+  for (int b = 0; b < B; ++b) {
+    tables[b].resize(per_seq_blocks);
+    std::iota(tables[b].begin(), tables[b].end(), b * per_seq_blocks);
+    pending[b].resize(prompt);
+    for (auto& t : pending[b]) t = tok(rng);
+  }
+  const std::vector<siesta::cuda::SamplingRow> rows(B);  // greedy
+  std::vector<siesta::SequenceChunk> batch(B);
+  siesta::SampledTokens st;
+  auto step = [&](int32_t pos) {
+    for (int b = 0; b < B; ++b) batch[b] = {pending[b], pos, tables[b], false};
+    check(m.forward_sample(batch, view, rows, st), "decode step");
+    for (int b = 0; b < B; ++b) pending[b] = {st.tokens[b]};
+  };
+  step(0);  // prefill
+  const auto t0 = Clock::now();
+  for (int i = 0; i < gen; ++i) step(prompt + i);
+  DecodeResult r;
+  r.seconds = seconds_since(t0);
+  r.tok_s = B * gen / r.seconds;
+  r.ms_per_step = r.seconds * 1e3 / gen;
+  return r;
+}
+
+double run_prefill_ms(CudaQwen3& m, int n, uint32_t seed) {
+  const int blocks = (n + 15) / 16;
+  siesta::cuda::DeviceBuffer kv = check(m.allocate_kv_cache(blocks), "allocating the KV cache");
+  const siesta::KvCacheView view{kv.data(), blocks, m.kv_layout()};
+  std::vector<int32_t> table(blocks), tokens(n);
+  std::iota(table.begin(), table.end(), 0);
+  std::mt19937 rng(seed);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % std::min(m.config().vocab_size, 150000));
+  const siesta::SequenceChunk seq{tokens, 0, table, false};
+  siesta::ForwardOutput out;
+  std::vector<double> ms;
+  for (int i = 0; i < 12; ++i) {
+    const auto t0 = Clock::now();
+    check(m.forward({&seq, 1}, view, out), "prefill");
+    if (i >= 2) ms.push_back(seconds_since(t0) * 1e3);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+std::string now_utc() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) fail(k + " needs a value");
+      return argv[++i];
+    };
+    if (k == "--model") a.model = next();
+    else if (k == "--out") a.out = next();
+    else if (k == "--hf") a.hf = next();
+    else if (k == "--commit") a.commit = next();
+    else if (k == "--batches") a.batches = parse_list(next());
+    else if (k == "--prefill") a.prefill = parse_list(next());
+    else if (k == "--prompt") a.prompt = std::stoi(next());
+    else if (k == "--gen") a.gen = std::stoi(next());
+    else if (k == "--no-invariant") a.invariant = false;
+    else fail("unknown argument " + k);
+  }
+  if (a.model.empty()) fail("--model DIR is required");
+  if (a.commit.empty() && std::getenv("SIESTA_COMMIT")) a.commit = std::getenv("SIESTA_COMMIT");
+  if (!siesta::cuda_device_available()) fail("no CUDA device");
+
+  siesta::cuda::CudaMallocAllocator alloc;
+  const auto info = check(siesta::cuda::device_info(0), "device info");
+  const double bw_gbps = check(siesta::cuda::measure_copy_bandwidth(alloc), "copy bandwidth");
+  const double gemm_tflops = check(siesta::cuda::measure_bf16_gemm_tflops(alloc), "GEMM rate");
+  std::printf("device: %s, %d SMs; D2D copy %.0f GB/s; cuBLASLt bf16 %.0f TFLOP/s\n", info.name.c_str(),
+              info.sm_count, bw_gbps, gemm_tflops);
+
+  const int max_b = *std::max_element(a.batches.begin(), a.batches.end());
+  const int max_p = *std::max_element(a.prefill.begin(), a.prefill.end());
+  json modes;
+  Shape shape{};
+  siesta::ModelConfig cfg;
+  for (bool invariant : {false, true}) {
+    if (invariant && !a.invariant) continue;
+    CudaModelOptions opt;
+    opt.batch_invariant = invariant;
+    opt.max_seqs = std::max(256, max_b);
+    opt.max_batch_tokens = std::max({8192, max_p, max_b});
+    opt.max_model_len = std::max(max_p, a.prompt + a.gen);
+    auto model = check(CudaQwen3::load(a.model, alloc, opt), "loading " + a.model);
+    cfg = model->config();
+    shape = shape_of(cfg, model->weight_bytes());
+    json mode;
+    for (int B : a.batches) {
+      const int blocks = B * ((a.prompt + a.gen + 15) / 16);
+      const siesta::cuda::DeviceBuffer kv = check(model->allocate_kv_cache(blocks), "allocating the KV cache");
+      run_decode(*model, kv, B, a.prompt, a.gen, 1);  // warm-up: captures the graphs
+      const DecodeResult r = run_decode(*model, kv, B, a.prompt, a.gen, 2);
+      // Roofline of one step at the average context of the timed steps.
+      const double ctx = a.prompt + (a.gen + 1) / 2.0;
+      const double bytes = shape.weight_bytes + B * ctx * shape.kv_bytes_per_token + B * shape.kv_bytes_per_token +
+                           2.0 * B * shape.vocab * 4;  // fp32 logits written and read by the sampler
+      const double flops = 2.0 * B * (shape.L * shape.layer_params + shape.lm_head_params) +
+                           4.0 * B * ctx * shape.heads * shape.hd * shape.L;
+      const double floor_ms = std::max(bytes / (bw_gbps * 1e9), flops / (gemm_tflops * 1e12)) * 1e3;
+      mode["decode"][std::to_string(B)] = {{"tokens_per_s", r.tok_s},
+                                           {"ms_per_step", r.ms_per_step},
+                                           {"floor_ms_per_step", floor_ms},
+                                           {"floor_bound", bytes / (bw_gbps * 1e9) > flops / (gemm_tflops * 1e12) ? "memory" : "compute"},
+                                           {"fraction_of_floor", floor_ms / r.ms_per_step},
+                                           {"bytes_per_step", bytes},
+                                           {"flops_per_step", flops}};
+      std::printf("%s decode batch %d: %.0f tok/s, %.3f ms/step (floor %.3f ms)\n",
+                  invariant ? "invariant" : "default", B, r.tok_s, r.ms_per_step, floor_ms);
+    }
+    for (int n : a.prefill) {
+      const double ms = run_prefill_ms(*model, n, 3);
+      const double flops = 2.0 * n * shape.L * shape.layer_params + 2.0 * shape.lm_head_params +
+                           4.0 * (n * (n + 1.0) / 2.0) * shape.heads * shape.hd * shape.L;
+      const double bytes = shape.weight_bytes + n * shape.kv_bytes_per_token;
+      const double floor_ms = std::max(flops / (gemm_tflops * 1e12), bytes / (bw_gbps * 1e9)) * 1e3;
+      mode["prefill"][std::to_string(n)] = {{"ms", ms},
+                                            {"floor_ms", floor_ms},
+                                            {"tflops", flops / (ms * 1e-3) / 1e12},
+                                            {"fraction_of_floor", floor_ms / ms},
+                                            {"flops", flops}};
+      std::printf("%s prefill %d: %.2f ms (floor %.2f ms, %.0f TFLOP/s)\n", invariant ? "invariant" : "default", n,
+                  ms, floor_ms, flops / (ms * 1e-3) / 1e12);
+    }
+    modes[invariant ? "batch_invariant" : "default"] = mode;
+  }
+
+  json hf;
+  if (!a.hf.empty()) {
+    std::ifstream f(a.hf);
+    if (f) hf = json::parse(f, nullptr, false);
+  }
+
+  // Targets from issue 5.
+  json targets = json::array();
+  auto target = [&](const std::string& name, double value, double limit, bool at_most, const std::string& unit) {
+    const bool met = at_most ? value <= limit : value >= limit;
+    targets.push_back({{"name", name}, {"measured", value}, {"target", limit}, {"unit", unit}, {"met", met},
+                       {"ratio", value / limit}});
+  };
+  const json& d = modes["default"];
+  if (d.contains("decode") && d["decode"].contains("1"))
+    target("decode batch 1 ms/token", d["decode"]["1"]["ms_per_step"].get<double>(), 0.5, true, "ms");
+  if (d.contains("decode") && d["decode"].contains("128"))
+    target("decode batch 128 tok/s", d["decode"]["128"]["tokens_per_s"].get<double>(), 40000, false, "tok/s");
+  if (d.contains("prefill") && d["prefill"].contains("4096"))
+    target("prefill 4096 ms", d["prefill"]["4096"]["ms"].get<double>(), 12, true, "ms");
+
+  json result = {
+      {"benchmark", "cuda_qwen3"},
+      {"date", now_utc()},
+      {"commit", a.commit},
+      {"machine", {{"gpu", info.name}, {"sm_count", info.sm_count}, {"memory_bytes", info.memory_bytes},
+                   {"driver_version", info.driver_version}, {"cuda_runtime_version", info.runtime_version}}},
+      {"model", {{"dir", a.model}, {"layers", cfg.num_layers}, {"hidden", cfg.hidden_size}, {"vocab", cfg.vocab_size},
+                 {"weight_bytes", shape.weight_bytes}}},
+      {"workload", {{"prompt", a.prompt}, {"gen", a.gen}, {"batches", a.batches}, {"prefill", a.prefill}}},
+      {"limits", {{"d2d_copy_GBps", bw_gbps}, {"cublaslt_bf16_TFLOPs", gemm_tflops}}},
+      {"modes", modes},
+      {"hf_baseline", hf},
+      {"targets", targets}};
+
+  // One table.
+  std::printf("\n%-34s %14s %14s %14s %12s\n", "measurement", "siesta", "invariant", "HF baseline", "floor");
+  auto hfv = [&](const char* group, const std::string& key) -> double {
+    if (!hf.is_object() || !hf.contains(group) || !hf[group].contains(key)) return NAN;
+    return hf[group][key].get<double>();
+  };
+  auto mv = [&](const char* mode, const char* kind, const std::string& key, const char* field) -> double {
+    if (!modes.contains(mode) || !modes[mode].contains(kind) || !modes[mode][kind].contains(key)) return NAN;
+    return modes[mode][kind][key][field].get<double>();
+  };
+  for (int B : a.batches) {
+    const std::string k = std::to_string(B);
+    const double floor_tok = B / (mv("default", "decode", k, "floor_ms_per_step") * 1e-3);
+    std::printf("%-34s %14.0f %14.0f %14.0f %12.0f\n", ("decode tok/s, batch " + k).c_str(),
+                mv("default", "decode", k, "tokens_per_s"), mv("batch_invariant", "decode", k, "tokens_per_s"),
+                hfv("transformers_generate", k), floor_tok);
+  }
+  for (int n : a.prefill) {
+    const std::string k = std::to_string(n);
+    std::printf("%-34s %14.2f %14.2f %14.2f %12.2f\n", ("prefill ms, " + k + " tokens").c_str(),
+                mv("default", "prefill", k, "ms"), mv("batch_invariant", "prefill", k, "ms"), hfv("prefill_ms", k),
+                mv("default", "prefill", k, "floor_ms"));
+  }
+  for (const auto& t : targets)
+    std::printf("target %-27s %14.3f %14s %14.3f %12s\n", t["name"].get<std::string>().c_str(),
+                t["measured"].get<double>(), t["met"].get<bool>() ? "met" : "MISSED", t["target"].get<double>(), "");
+  if (!a.out.empty()) std::ofstream(a.out) << result.dump(1) << "\n";
+  return 0;
+}
+
+#else
+
+#include <cstdio>
+
+int main() {
+  std::fprintf(stderr, "cuda_qwen3_bench: siesta was built without CUDA (nvcc not found)\n");
+  return 0;
+}
+
+#endif

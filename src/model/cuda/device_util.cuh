@@ -1,0 +1,95 @@
+// Device-side helpers shared by the kernels (.cu files only).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "model/cuda/kernels.h"
+
+namespace siesta::cuda::dev {
+
+__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
+// 8 bf16 from a 16-byte aligned address, as floats.
+__device__ __forceinline__ void load8(const bf16* p, float (&f)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 t = __bfloat1622float2(h[i]);
+    f[2 * i] = t.x;
+    f[2 * i + 1] = t.y;
+  }
+}
+
+__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 t = __bfloat1622float2(h[i]);
+    f[2 * i] = t.x;
+    f[2 * i + 1] = t.y;
+  }
+}
+
+// Rounds 8 floats to bf16 and stores them at a 16-byte aligned address.
+__device__ __forceinline__ void store8(bf16* p, const float (&f)[8]) {
+  uint4 u;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+
+// Butterfly reductions: every lane ends with the same value, computed in the
+// same order whatever the data, so results are reproducible bit for bit.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide sum / max in a fixed order (warp butterflies, then the warp
+// totals in warp order). blockDim.x must be a multiple of 32; scratch holds 32
+// floats. Every thread gets the result. Safe to call repeatedly.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int i = 0; i < warps; ++i) total += scratch[i];
+  return total;
+}
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  v = warp_max(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float m = scratch[0];
+  for (int i = 1; i < warps; ++i) m = fmaxf(m, scratch[i]);
+  return m;
+}
+
+// Element offset of (block, layer, kind) in the block-major cache.
+__device__ __forceinline__ size_t kv_offset(const KvCacheDesc& kv, int block, int layer, int kind) {
+  return ((static_cast<size_t>(block) * kv.num_layers + layer) * 2 + kind) * static_cast<size_t>(kKvBlockSize) *
+         kv.num_kv_heads * kv.head_dim;
+}
+
+// Address of (position's slot, kv head) for K (kind 0) or V (kind 1).
+__device__ __forceinline__ bf16* kv_slot(const KvCacheDesc& kv, int block, int slot_in_block, int layer, int kind,
+                                         int head) {
+  return kv.base + kv_offset(kv, block, layer, kind) +
+         (static_cast<size_t>(slot_in_block) * kv.num_kv_heads + head) * kv.head_dim;
+}
+
+}  // namespace siesta::cuda::dev

@@ -1,0 +1,218 @@
+// Embedding, residual add + RMSNorm, q/k RMSNorm + RoPE + KV-cache write, SiLU-mul.
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "model/cuda/device_util.cuh"
+#include "model/cuda/kernels.h"
+
+namespace siesta::cuda {
+namespace {
+
+using dev::load8;
+using dev::round_bf16;
+using dev::store8;
+
+__global__ void embed_kernel(const int32_t* tokens, const bf16* table, int hidden, bf16* x) {
+  const int t = blockIdx.x;
+  const uint4* src = reinterpret_cast<const uint4*>(table + static_cast<size_t>(tokens[t]) * hidden);
+  uint4* dst = reinterpret_cast<uint4*>(x + static_cast<size_t>(t) * hidden);
+  for (int c = threadIdx.x; c < hidden / 8; c += blockDim.x) dst[c] = src[c];
+}
+
+constexpr int kNormThreads = 256;
+constexpr int kNormMaxChunks = 4;  // 16-byte chunks per thread: hidden <= 256 * 8 * 4 = 8192
+
+__global__ __launch_bounds__(kNormThreads) void add_rms_norm_kernel(bf16* x, const bf16* delta, const bf16* weight,
+                                                                     int hidden, float eps, const int32_t* row_index,
+                                                                     bf16* out) {
+  __shared__ float scratch[32];
+  const int r = blockIdx.x;
+  const int src_row = row_index ? row_index[r] : r;
+  bf16* xr = x + static_cast<size_t>(src_row) * hidden;
+  const int chunks = hidden / 8;
+  float v[kNormMaxChunks][8];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kNormMaxChunks; ++j) {
+    const int c = threadIdx.x + j * kNormThreads;
+    if (c < chunks) {
+      load8(xr + c * 8, v[j]);
+      if (delta) {
+        float d[8];
+        load8(delta + static_cast<size_t>(src_row) * hidden + c * 8, d);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[j][e] = round_bf16(v[j][e] + d[e]);
+        if (!row_index) store8(xr + c * 8, v[j]);
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ss += v[j][e] * v[j][e];
+    }
+  }
+  ss = dev::block_sum(ss, scratch);
+  const float rs = rsqrtf(ss / static_cast<float>(hidden) + eps);
+#pragma unroll
+  for (int j = 0; j < kNormMaxChunks; ++j) {
+    const int c = threadIdx.x + j * kNormThreads;
+    if (c < chunks) {
+      float w[8], o[8];
+      load8(weight + c * 8, w);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = w[e] * round_bf16(v[j][e] * rs);
+      store8(out + static_cast<size_t>(r) * hidden + c * 8, o);
+    }
+  }
+}
+
+// One warp per head vector. Lane l holds the rotation pairs (i, i + half) for
+// i = l + 32 j, so RoPE needs no data exchange; the norm is one warp sum.
+template <int kHeadDim>
+__device__ void norm_rope_head(const bf16* src, const bf16* norm_w, const float* inv_freq, int pos, float eps,
+                               bf16* dst) {
+  constexpr int kHalf = kHeadDim / 2;
+  constexpr int kPairs = kHalf / 32;
+  const int lane = threadIdx.x & 31;
+  float a[kPairs], b[kPairs];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const int i = lane + 32 * j;
+    a[j] = __bfloat162float(src[i]);
+    b[j] = __bfloat162float(src[i + kHalf]);
+    ss += a[j] * a[j] + b[j] * b[j];
+  }
+  ss = dev::warp_sum(ss);
+  const float rs = rsqrtf(ss / static_cast<float>(kHeadDim) + eps);
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const int i = lane + 32 * j;
+    const float x1 = round_bf16(__bfloat162float(norm_w[i]) * round_bf16(a[j] * rs));
+    const float x2 = round_bf16(__bfloat162float(norm_w[i + kHalf]) * round_bf16(b[j] * rs));
+    // As HF: angle in fp32, cos/sin rounded to bf16, each product and the sum rounded.
+    const float angle = static_cast<float>(pos) * inv_freq[i];
+    const float c = round_bf16(cosf(angle));
+    const float s = round_bf16(sinf(angle));
+    dst[i] = __float2bfloat16(round_bf16(x1 * c) + round_bf16(-x2 * s));
+    dst[i + kHalf] = __float2bfloat16(round_bf16(x2 * c) + round_bf16(x1 * s));
+  }
+}
+
+template <int kHeadDim>
+__global__ void qk_norm_rope_kv_kernel(const bf16* qkv, const int32_t* positions, const int32_t* slots,
+                                       const bf16* q_norm, const bf16* k_norm, const float* inv_freq, int num_heads,
+                                       int num_kv_heads, float eps, bf16* q_out, KvCacheDesc kv, int layer) {
+  const int t = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const int q_dim = num_heads * kHeadDim, kv_dim = num_kv_heads * kHeadDim;
+  const bf16* row = qkv + static_cast<size_t>(t) * (q_dim + 2 * kv_dim);
+  const int pos = positions[t];
+  const int slot = slots[t];
+  const int units = num_heads + 2 * num_kv_heads;
+  for (int u = warp; u < units; u += warps) {
+    if (u < num_heads) {
+      norm_rope_head<kHeadDim>(row + u * kHeadDim, q_norm, inv_freq, pos, eps,
+                               q_out + (static_cast<size_t>(t) * num_heads + u) * kHeadDim);
+    } else if (slot >= 0) {
+      const int block = slot / kKvBlockSize, in_block = slot % kKvBlockSize;
+      if (u < num_heads + num_kv_heads) {
+        const int h = u - num_heads;
+        norm_rope_head<kHeadDim>(row + q_dim + h * kHeadDim, k_norm, inv_freq, pos, eps,
+                                 dev::kv_slot(kv, block, in_block, layer, 0, h));
+      } else {
+        const int h = u - num_heads - num_kv_heads;
+        const uint4* src = reinterpret_cast<const uint4*>(row + q_dim + kv_dim + h * kHeadDim);
+        uint4* dst = reinterpret_cast<uint4*>(dev::kv_slot(kv, block, in_block, layer, 1, h));
+        for (int c = lane; c < kHeadDim / 8; c += 32) dst[c] = src[c];
+      }
+    }
+  }
+}
+
+__global__ void silu_mul_kernel(const bf16* gate_up, int T, int inter, bf16* out) {
+  const size_t chunks_per_row = inter / 8;
+  const size_t total = static_cast<size_t>(T) * chunks_per_row;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t t = i / chunks_per_row, c = i % chunks_per_row;
+    float g[8], u[8], o[8];
+    load8(gate_up + t * 2 * inter + c * 8, g);
+    load8(gate_up + t * 2 * inter + inter + c * 8, u);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float silu = round_bf16(g[e] / (1.0f + expf(-g[e])));
+      o[e] = silu * u[e];
+    }
+    store8(out + t * inter + c * 8, o);
+  }
+}
+
+__global__ void fill_random_kernel(bf16* out, size_t n, uint64_t seed, float scale) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;  // splitmix64 finaliser
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    const float u = static_cast<float>(x >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    out[i] = __float2bfloat16((2.0f * u - 1.0f) * scale);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_fill_random_bf16(bf16* out, size_t n, uint64_t seed, float scale, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  fill_random_kernel<<<1024, 256, 0, stream>>>(out, n, seed, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_embed(const int32_t* tokens, int T, const bf16* table, int hidden, bf16* x, cudaStream_t stream) {
+  if (T <= 0) return cudaSuccess;
+  if (hidden % 8 != 0) return cudaErrorInvalidValue;
+  embed_kernel<<<T, 128, 0, stream>>>(tokens, table, hidden, x);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add_rms_norm(bf16* x, const bf16* delta, const bf16* weight, int rows, int hidden, float eps,
+                                const int32_t* row_index, bf16* out, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  if (hidden % 8 != 0 || hidden > kNormThreads * 8 * kNormMaxChunks)
+    return cudaErrorInvalidValue;
+  add_rms_norm_kernel<<<rows, kNormThreads, 0, stream>>>(x, delta, weight, hidden, eps, row_index, out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_qk_norm_rope_kv(const bf16* qkv, int T, const int32_t* positions, const int32_t* slots,
+                                   const bf16* q_norm, const bf16* k_norm, const float* inv_freq, int num_heads,
+                                   int num_kv_heads, int head_dim, float eps, bf16* q_out, KvCacheDesc kv, int layer,
+                                   cudaStream_t stream) {
+  if (T <= 0) return cudaSuccess;
+  const int units = num_heads + 2 * num_kv_heads;
+  const int threads = 32 * (units < 16 ? units : 16);
+  switch (head_dim) {
+    case 64:
+      qk_norm_rope_kv_kernel<64><<<T, threads, 0, stream>>>(qkv, positions, slots, q_norm, k_norm, inv_freq,
+                                                            num_heads, num_kv_heads, eps, q_out, kv, layer);
+      break;
+    case 128:
+      qk_norm_rope_kv_kernel<128><<<T, threads, 0, stream>>>(qkv, positions, slots, q_norm, k_norm, inv_freq,
+                                                             num_heads, num_kv_heads, eps, q_out, kv, layer);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_silu_mul(const bf16* gate_up, int T, int inter, bf16* out, cudaStream_t stream) {
+  if (T <= 0) return cudaSuccess;
+  if (inter % 8 != 0) return cudaErrorInvalidValue;
+  const size_t total = static_cast<size_t>(T) * (inter / 8);
+  const int threads = 256;
+  const size_t blocks = (total + threads - 1) / threads;
+  silu_mul_kernel<<<static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16), threads, 0, stream>>>(
+      gate_up, T, inter, out);
+  return cudaGetLastError();
+}
+
+}  // namespace siesta::cuda

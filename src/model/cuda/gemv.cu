@@ -1,0 +1,186 @@
+// Small-batch projections (decode): y[m, n] = sum_k a[m, k] * w[n, k], M <= 8.
+//
+// At these sizes the weights are the whole cost, so each warp streams whole
+// weight rows with 16-byte loads (several in flight per lane) against the M
+// input rows staged once per CTA in shared memory. The staging step applies
+// the preceding RMSNorm or SiLU-mul, and the store can add into the residual
+// stream, which saves three launches per layer in decode.
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "model/cuda/device_util.cuh"
+#include "model/cuda/kernels.h"
+
+namespace siesta::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kUnroll = 4;  // 16-byte weight loads in flight per lane and column
+constexpr size_t kMaxSmem = 96 * 1024;
+
+using dev::load8;
+using dev::round_bf16;
+using dev::store8;
+
+template <int M>
+__device__ void stage_input(const GemvArgs& a, bf16* s_a) {
+  __shared__ float scratch[32];
+  const int K = a.K, chunks = K / 8;
+  if (a.input_kind == GemvInput::kRmsNorm) {
+    float ss[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) ss[m] = 0.0f;
+    for (int c = threadIdx.x; c < chunks; c += kThreads) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float f[8];
+        load8(a.input + static_cast<size_t>(m) * K + c * 8, f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ss[m] += f[e] * f[e];
+      }
+    }
+    float rs[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) rs[m] = rsqrtf(dev::block_sum(ss[m], scratch) / static_cast<float>(K) + a.eps);
+    for (int c = threadIdx.x; c < chunks; c += kThreads) {
+      float w[8];
+      load8(a.norm_weight + c * 8, w);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float f[8];
+        load8(a.input + static_cast<size_t>(m) * K + c * 8, f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) f[e] = w[e] * round_bf16(f[e] * rs[m]);
+        store8(s_a + m * K + c * 8, f);
+      }
+    }
+  } else if (a.input_kind == GemvInput::kSiluMul) {
+    for (int c = threadIdx.x; c < chunks; c += kThreads) {
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float g[8], u[8];
+        load8(a.input + static_cast<size_t>(m) * 2 * K + c * 8, g);
+        load8(a.input + static_cast<size_t>(m) * 2 * K + K + c * 8, u);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) g[e] = round_bf16(g[e] / (1.0f + expf(-g[e]))) * u[e];
+        store8(s_a + m * K + c * 8, g);
+      }
+    }
+  } else {
+    for (int c = threadIdx.x; c < chunks; c += kThreads)
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+        reinterpret_cast<uint4*>(s_a + m * K)[c] = reinterpret_cast<const uint4*>(a.input + static_cast<size_t>(m) * K)[c];
+  }
+  __syncthreads();
+}
+
+template <int M, int C>
+__global__ __launch_bounds__(kThreads, 2) void gemv_kernel(GemvArgs a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* s_a = reinterpret_cast<bf16*>(smem_raw);
+  stage_input<M>(a, s_a);
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n0 = (blockIdx.x * kWarps + warp) * C;
+  if (n0 >= a.N) return;
+  const int K = a.K, chunks = K / 8;  // chunks % 32 == 0 (K % 256 == 0)
+  const uint4* wrow[C];
+#pragma unroll
+  for (int c = 0; c < C; ++c) wrow[c] = reinterpret_cast<const uint4*>(a.weight + static_cast<size_t>(min(n0 + c, a.N - 1)) * K);
+
+  float acc[C][M];
+#pragma unroll
+  for (int c = 0; c < C; ++c)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[c][m] = 0.0f;
+
+  for (int base = lane; base < chunks; base += 32 * kUnroll) {
+    uint4 w[C][kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int ch = base + 32 * u;
+#pragma unroll
+      for (int c = 0; c < C; ++c) w[c][u] = ch < chunks ? __ldg(wrow[c] + ch) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int ch = base + 32 * u;
+      if (ch < chunks) {
+        float wf[C][8];
+#pragma unroll
+        for (int c = 0; c < C; ++c) dev::unpack8(w[c][u], wf[c]);
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          float x[8];
+          dev::unpack8(reinterpret_cast<const uint4*>(s_a + m * K)[ch], x);
+#pragma unroll
+          for (int c = 0; c < C; ++c)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[c][m] += wf[c][e] * x[e];
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const int n = n0 + c;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float v = dev::warp_sum(acc[c][m]);
+      if (lane == m && n < a.N) {
+        const size_t idx = static_cast<size_t>(m) * a.N + n;
+        if (a.output_kind == GemvOutput::kF32) {
+          static_cast<float*>(a.out)[idx] = v;
+        } else if (a.output_kind == GemvOutput::kAddBf16) {
+          bf16* y = static_cast<bf16*>(a.out);
+          y[idx] = __float2bfloat16(__bfloat162float(y[idx]) + round_bf16(v));
+        } else {
+          static_cast<bf16*>(a.out)[idx] = __float2bfloat16(v);
+        }
+      }
+    }
+  }
+}
+
+template <int M, int C>
+cudaError_t launch_mc(const GemvArgs& a, cudaStream_t stream) {
+  const size_t smem = static_cast<size_t>(M) * a.K * sizeof(bf16);
+  static const cudaError_t attr = cudaFuncSetAttribute(gemv_kernel<M, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       static_cast<int>(kMaxSmem));
+  if (attr != cudaSuccess) return attr;
+  const int cols_per_cta = kWarps * C;
+  gemv_kernel<M, C><<<(a.N + cols_per_cta - 1) / cols_per_cta, kThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <int M>
+cudaError_t launch_m(const GemvArgs& a, cudaStream_t stream) {
+  // Two columns per warp when that still gives every SM two CTAs (132 SMs).
+  return a.N >= 2 * 132 * kWarps * 2 ? launch_mc<M, 2>(a, stream) : launch_mc<M, 1>(a, stream);
+}
+
+}  // namespace
+
+bool gemv_supported(int M, int K) {
+  return M >= 1 && M <= kGemvMaxRows && K > 0 && K % 256 == 0 && static_cast<size_t>(M) * K * sizeof(bf16) <= kMaxSmem;
+}
+
+cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream) {
+  if (!gemv_supported(a.M, a.K) || a.N <= 0) return cudaErrorInvalidValue;
+  switch (a.M) {
+    case 1: return launch_m<1>(a, stream);
+    case 2: return launch_m<2>(a, stream);
+    case 3: return launch_m<3>(a, stream);
+    case 4: return launch_m<4>(a, stream);
+    case 5: return launch_m<5>(a, stream);
+    case 6: return launch_m<6>(a, stream);
+    case 7: return launch_m<7>(a, stream);
+    default: return launch_m<8>(a, stream);
+  }
+}
+
+}  // namespace siesta::cuda

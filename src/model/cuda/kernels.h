@@ -1,0 +1,173 @@
+// Launchers for the CUDA model's kernels: a plain C++ header, so host code
+// (compiled by the host compiler, with fmt/spdlog) never includes device code.
+// Each launcher checks its arguments' static limits, launches on `stream` and
+// returns the launch's cudaError_t (cudaSuccess, or the error of the launch
+// itself; asynchronous faults surface at the next synchronising call).
+//
+// Rounding follows Hugging Face's bf16 Qwen3: every tensor that is bf16 there
+// is rounded to bf16 at the same point here (norm outputs, q/k after norm and
+// after RoPE, projections, residual sums, SiLU and its product), and every
+// reduction accumulates in fp32. Kernels that reduce do so in an order that
+// depends only on the row being computed, never on the batch around it.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace siesta::cuda {
+
+using bf16 = __nv_bfloat16;
+
+inline constexpr int kKvBlockSize = 16;
+// Decode attention splits a sequence's context into partitions of this many
+// tokens (then reduces them in partition order). Fixed, so a sequence's
+// result never depends on how many other sequences share the step.
+inline constexpr int kDecodePartitionTokens = 256;
+// Prefill attention: query rows per CTA (key tiles are the same size).
+inline constexpr int kPrefillTileRows = 64;
+
+// The paged KV cache in its block-major layout (forward.h): element
+// ((((block * L + layer) * 2 + kind) * 16 + slot) * kv_heads + head) * head_dim + d.
+struct KvCacheDesc {
+  bf16* base = nullptr;
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+};
+
+// x[t] = table[tokens[t]] for t < T.
+cudaError_t launch_embed(const int32_t* tokens, int T, const bf16* table, int hidden, bf16* x, cudaStream_t stream);
+
+// Residual add and RMSNorm, with HF's rounding:
+//   if delta: x[r] = bf16(x[r] + delta[r])                (written back)
+//   out[r] = bf16(w * bf16(x[r] * rsqrt(mean(x[r]^2) + eps)))
+// With row_index (the final norm of the rows that get logits): out[r] is the
+// norm of bf16(x + delta) at row row_index[r], and x is not written.
+cudaError_t launch_add_rms_norm(bf16* x, const bf16* delta, const bf16* weight, int rows, int hidden, float eps,
+                                const int32_t* row_index, bf16* out, cudaStream_t stream);
+
+// Per token t: q/k heads of qkv[t] = [q | k | v] get RMSNorm (q_norm / k_norm
+// weights) and RoPE (rotate-half, angle = positions[t] * inv_freq[i]); q goes to
+// q_out[t] ([heads, head_dim]); k and v go to the cache at slots[t] (= block * 16
+// + offset; negative: padding, not written).
+cudaError_t launch_qk_norm_rope_kv(const bf16* qkv, int T, const int32_t* positions, const int32_t* slots,
+                                   const bf16* q_norm, const bf16* k_norm, const float* inv_freq, int num_heads,
+                                   int num_kv_heads, int head_dim, float eps, bf16* q_out, KvCacheDesc kv, int layer,
+                                   cudaStream_t stream);
+
+// out[t, i] = bf16(bf16(silu(gate)) * up) with gate_up[t] = [gate (inter) | up (inter)].
+cudaError_t launch_silu_mul(const bf16* gate_up, int T, int inter, bf16* out, cudaStream_t stream);
+
+// Everything attention reads about a pass. Sequence s owns query rows
+// [q_start[s], q_start[s] + q_len[s]) and attends to cache positions
+// [0, kv_len[s]) (its new tokens are the last q_len of them, already written);
+// its block table is block_tables[table_start[s] ...]. kv_len 0 marks padding.
+struct AttentionArgs {
+  const bf16* q = nullptr;  // [T, heads, head_dim]
+  bf16* out = nullptr;      // [T, heads * head_dim]
+  KvCacheDesc kv;
+  int layer = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  float scale = 0.0f;  // 1 / sqrt(head_dim)
+  const int32_t* seq_q_start = nullptr;
+  const int32_t* seq_q_len = nullptr;
+  const int32_t* seq_kv_len = nullptr;
+  const int32_t* seq_table_start = nullptr;
+  const int32_t* block_tables = nullptr;
+  // Decode: the sequences with one new token, and scratch for split contexts:
+  // partial_out [num_decode, heads, partial_parts, head_dim], partial_ml [.., 2].
+  const int32_t* decode_seqs = nullptr;
+  float* partial_out = nullptr;
+  float* partial_ml = nullptr;
+  int partial_parts = 0;
+  // Prefill: work items (sequence, query tile of kPrefillTileRows rows), as int32 pairs.
+  const int32_t* prefill_items = nullptr;
+};
+
+// True when head_dim and the GQA group size have compiled kernels (64 or 128; 1, 2, 4 or 8).
+bool attention_supported(int num_heads, int num_kv_heads, int head_dim);
+
+// Decode attention for num_decode sequences, each split into up to
+// max_partitions partitions of kDecodePartitionTokens (max_partitions <=
+// partial_parts); sequences that need more than one are reduced in a second kernel.
+cudaError_t launch_decode_attention(const AttentionArgs& args, int num_decode, int max_partitions,
+                                    cudaStream_t stream);
+
+// Causal prefill attention over num_items (sequence, query tile) work items,
+// with tensor cores (bf16 inputs, fp32 scores and softmax, bf16 probabilities).
+cudaError_t launch_prefill_attention(const AttentionArgs& args, int num_items, cudaStream_t stream);
+
+// Small-batch projection y[m, n] = sum_k a[m, k] * w[n, k] for M <= kGemvMaxRows,
+// one warp per output column, streaming w once. The input can be transformed on
+// the way in, and the output added to a residual, so decode needs fewer launches.
+inline constexpr int kGemvMaxRows = 8;
+enum class GemvInput {
+  kPlain,    // a = input [M, K]
+  kRmsNorm,  // a = bf16(norm_weight * bf16(x * rsqrt(mean(x^2) + eps))), x = input [M, K]
+  kSiluMul,  // a = bf16(bf16(silu(gate)) * up), input [M, 2K] = [gate | up]
+};
+enum class GemvOutput {
+  kBf16,     // out bf16 [M, N] = bf16(acc)
+  kAddBf16,  // out bf16 [M, N] = bf16(out + bf16(acc))  (residual add)
+  kF32,      // out fp32 [M, N] = acc
+};
+struct GemvArgs {
+  const bf16* input = nullptr;
+  const bf16* norm_weight = nullptr;
+  float eps = 0.0f;
+  const bf16* weight = nullptr;  // [N, K]
+  int M = 0;
+  int N = 0;
+  int K = 0;
+  GemvInput input_kind = GemvInput::kPlain;
+  GemvOutput output_kind = GemvOutput::kBf16;
+  void* out = nullptr;
+};
+bool gemv_supported(int M, int K);
+cudaError_t launch_gemv(const GemvArgs& args, cudaStream_t stream);
+
+// The batch-invariant projection: y[m, n] = sum_k a[m, k] * w[n, k] with bf16
+// tensor-core MMAs accumulating in fp32 over k in one fixed order (32-wide k
+// tiles, two k16 steps each, never split). The tile shape chosen for M changes
+// which rows share a CTA, never the arithmetic of a row, so a row's result is
+// bit-identical for every M. Needs K % 32 == 0 and N % 8 == 0.
+bool fixed_gemm_supported(int N, int K);
+cudaError_t launch_fixed_gemm(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K,
+                              cudaStream_t stream);
+
+// Token selection on the device, one row of logits per CTA. Greedy takes the
+// largest logit (ties: lowest id, NaN as -inf). Otherwise, in the engine
+// sampler's order: temperature, min-p, top-k, top-p, then the draw `uniform`
+// inverted through the cumulative distribution of the survivors (sorted by
+// logit for top-k/top-p, else in id order), accumulated in fp64.
+// banned ids (at most kMaxBannedPerRow per row) are excluded (min_tokens).
+inline constexpr int kMaxBannedPerRow = 32;
+// top-p needs the survivors sorted; the device sorts up to this many, and
+// asks the host to sample a row (status kSampleOnHost) when more survive
+// than that and their top part does not already hold top_p of the mass.
+inline constexpr int kDeviceSortCapacity = 1024;
+inline constexpr int32_t kSampleOnHost = -1;
+struct SamplingRowParams {
+  double temperature = 0.0;  // < 1e-5: greedy
+  double top_p = 1.0;        // 1: off
+  double min_p = 0.0;        // 0: off
+  double uniform = 0.0;      // the request's draw in [0, 1)
+  int32_t top_k = 0;         // <= 0: off
+  int32_t banned_begin = 0;  // [begin, end) in the banned id list
+  int32_t banned_end = 0;
+  int32_t pad = 0;
+};
+// tokens[r] = the choice for logits row r, or kSampleOnHost.
+cudaError_t launch_sample_tokens(const float* logits, int rows, int vocab, const SamplingRowParams* params,
+                                 const int32_t* banned_ids, int32_t* tokens, cudaStream_t stream);
+
+// Fills n bf16 values with a hash of (seed, index) mapped to [-scale, scale):
+// benchmark and test inputs that are neither zeros nor constant.
+cudaError_t launch_fill_random_bf16(bf16* out, size_t n, uint64_t seed, float scale, cudaStream_t stream);
+
+}  // namespace siesta::cuda

@@ -1,0 +1,706 @@
+#include "model/cuda/qwen3_cuda.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <compare>
+#include <cstddef>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "common/log.h"
+#include "model/cuda/cublaslt_gemm.h"
+#include "model/cuda/cuda_check.h"
+#include "model/cuda/kernels.h"
+#include "model/safetensors.h"
+
+namespace siesta {
+
+// step_plan.h mirrors kernels.h's device structs and constants without CUDA headers.
+static_assert(sizeof(cuda::SamplingRecord) == sizeof(cuda::SamplingRowParams));
+static_assert(offsetof(cuda::SamplingRecord, uniform) == offsetof(cuda::SamplingRowParams, uniform));
+static_assert(offsetof(cuda::SamplingRecord, top_k) == offsetof(cuda::SamplingRowParams, top_k));
+static_assert(offsetof(cuda::SamplingRecord, banned_end) == offsetof(cuda::SamplingRowParams, banned_end));
+static_assert(cuda::kMaxBannedIdsPerRow == cuda::kMaxBannedPerRow);
+static_assert(cuda::kKvBlockSizeForPlan == cuda::kKvBlockSize);
+static_assert(cuda::kSampleOnHostToken == cuda::kSampleOnHost);
+
+namespace {
+
+using cuda::bf16;
+
+constexpr size_t kAlign = 256;
+constexpr size_t kGemmWorkspaceBytes = 32u << 20;
+// Padded decode batch sizes: one graph per size (and per partition count).
+constexpr int kGraphBatchSizes[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512};
+
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+struct LayerWeights {
+  bf16* qkv = nullptr;      // [q_dim + 2 kv_dim, hidden]: q_proj, k_proj, v_proj rows
+  bf16* o = nullptr;        // [hidden, q_dim]
+  bf16* gate_up = nullptr;  // [2 inter, hidden]: gate_proj, up_proj rows
+  bf16* down = nullptr;     // [hidden, inter]
+  bf16* input_norm = nullptr;
+  bf16* post_norm = nullptr;
+  bf16* q_norm = nullptr;
+  bf16* k_norm = nullptr;
+};
+
+struct GraphKey {
+  int seqs = 0;
+  int partitions = 0;
+  bool sample = false;
+  const void* kv_base = nullptr;
+  auto operator<=>(const GraphKey&) const = default;
+};
+
+// Device pointers of one uploaded pass.
+struct PassDevice {
+  int T = 0, S = 0, D = 0, W = 0, R = 0;
+  int max_partitions = 0;
+  bool rows_are_tokens = false;
+  const int32_t *tokens = nullptr, *positions = nullptr, *slots = nullptr;
+  const int32_t *q_start = nullptr, *q_len = nullptr, *kv_len = nullptr, *table_start = nullptr;
+  const int32_t *block_tables = nullptr, *decode_seqs = nullptr, *prefill_items = nullptr, *logits_rows = nullptr;
+  const cuda::SamplingRowParams* sampling = nullptr;
+  const int32_t* banned = nullptr;
+  cuda::KvCacheDesc kv;
+};
+
+}  // namespace
+
+bool cuda_device_available() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+struct CudaQwen3::Impl {
+  ModelConfig cfg;
+  CudaModelOptions opt;
+  cuda::DeviceAllocator* alloc = nullptr;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t meta_uploaded = nullptr;
+
+  cuda::DeviceBuffer weights;
+  bf16* embed = nullptr;
+  bf16* final_norm = nullptr;
+  bf16* lm_head = nullptr;
+  float* inv_freq = nullptr;
+  std::vector<LayerWeights> layers;
+
+  cuda::DeviceBuffer scratch;
+  bf16 *x = nullptr, *h = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr, *proj = nullptr;
+  bf16 *gu = nullptr, *act = nullptr, *hn = nullptr;
+  float* logits = nullptr;
+  float* partial_out = nullptr;
+  float* partial_ml = nullptr;
+  void* gemm_ws = nullptr;
+  std::byte* meta = nullptr;
+  int32_t* sampled = nullptr;
+  size_t meta_capacity = 0;
+  int logits_rows_cap = 0;
+  int partial_parts = 0;
+
+  std::byte* host_meta = nullptr;     // pinned: the step image
+  int32_t* host_sampled = nullptr;    // pinned: sampled tokens
+
+  std::unique_ptr<cuda::CublasLtGemm> gemm;
+  bool gemv_ok = false;
+  std::map<GraphKey, cudaGraphExec_t> graphs;
+
+  ~Impl() {
+    for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
+    gemm.reset();
+    if (host_meta) cudaFreeHost(host_meta);
+    if (host_sampled) cudaFreeHost(host_sampled);
+    if (meta_uploaded) cudaEventDestroy(meta_uploaded);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  int hidden() const { return cfg.hidden_size; }
+  int qkv_cols() const { return cfg.q_dim() + 2 * cfg.kv_dim(); }
+  float eps() const { return static_cast<float>(cfg.rms_norm_eps); }
+  KvCacheLayout layout() const { return KvCacheLayout::for_model(cfg, sizeof(bf16)); }
+  cuda::StepShape shape() const { return {cuda::kDecodePartitionTokens, cuda::kPrefillTileRows}; }
+  bool use_gemv(int T) const { return !opt.batch_invariant && gemv_ok && T <= cuda::kGemvMaxRows; }
+
+  Result<void> load_weights(const TensorStore& store);
+  Result<void> init_buffers();
+  Result<void> check_cache(const KvCacheView& kv) const;
+  Result<PassDevice> upload(const cuda::StepPlan& plan, bool sample, std::span<const cuda::SamplingRow> rows,
+                            const KvCacheView& kv);
+  Result<void> linear(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K);
+  Result<void> enqueue_layers(const PassDevice& p);
+  Result<void> enqueue_logits(const PassDevice& p, int r0, int r1);
+  Result<void> enqueue_step(const PassDevice& p, bool sample);
+  Result<void> copy_logits_rows(int device_row, int rows, float* host);
+  bool graph_eligible(std::span<const SequenceChunk> batch) const;
+  Result<void> decode_step(std::span<const SequenceChunk> batch, const KvCacheView& kv,
+                           std::span<const cuda::SamplingRow> rows, bool sample);
+};
+
+Result<void> CudaQwen3::Impl::load_weights(const TensorStore& store) {
+  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size;
+  const int64_t QD = cfg.q_dim(), KVD = cfg.kv_dim(), HD = cfg.head_dim;
+  struct Piece {
+    std::string name;
+    std::vector<int64_t> shape;
+    size_t offset;  // in the weights buffer, bytes
+  };
+  std::vector<Piece> pieces;
+  size_t at = 0;
+  // Tensors that are concatenated (q|k|v, gate|up) sit back to back.
+  auto place = [&](const std::string& name, std::vector<int64_t> shape, bool pad = true) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    pieces.push_back({name, std::move(shape), at});
+    const size_t off = at;
+    at += static_cast<size_t>(n) * sizeof(bf16);
+    if (pad) at = align_up(at, kAlign);
+    return off;
+  };
+  std::vector<size_t> layer_off;
+  const size_t embed_off = place("model.embed_tokens.weight", {V, H});
+  struct LayerOffsets {
+    size_t qkv, o, gate_up, down, input_norm, post_norm, q_norm, k_norm;
+  };
+  std::vector<LayerOffsets> lo(cfg.num_layers);
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    lo[l].qkv = place(p + "self_attn.q_proj.weight", {QD, H}, false);
+    place(p + "self_attn.k_proj.weight", {KVD, H}, false);
+    place(p + "self_attn.v_proj.weight", {KVD, H});
+    lo[l].o = place(p + "self_attn.o_proj.weight", {H, QD});
+    lo[l].gate_up = place(p + "mlp.gate_proj.weight", {I, H}, false);
+    place(p + "mlp.up_proj.weight", {I, H});
+    lo[l].down = place(p + "mlp.down_proj.weight", {H, I});
+    lo[l].input_norm = place(p + "input_layernorm.weight", {H});
+    lo[l].post_norm = place(p + "post_attention_layernorm.weight", {H});
+    lo[l].q_norm = place(p + "self_attn.q_norm.weight", {HD});
+    lo[l].k_norm = place(p + "self_attn.k_norm.weight", {HD});
+  }
+  const size_t final_norm_off = place("model.norm.weight", {H});
+  size_t lm_head_off = embed_off;
+  if (!cfg.tie_word_embeddings) lm_head_off = place("lm_head.weight", {V, H});
+  const size_t inv_freq_off = at;
+  at = align_up(at + static_cast<size_t>(HD / 2) * sizeof(float), kAlign);
+
+  // Check every tensor before allocating anything.
+  std::vector<TensorView> views;
+  for (const Piece& p : pieces) {
+    SIESTA_ASSIGN_OR_RETURN(TensorView v, store.get(p.name, p.shape, {DType::kBF16, DType::kF16, DType::kF32}));
+    views.push_back(std::move(v));
+  }
+  SIESTA_ASSIGN_OR_RETURN(weights, cuda::DeviceBuffer::allocate(*alloc, at, cuda::DeviceMemoryTag::kWeights));
+  std::byte* base = weights.as<std::byte>();
+  std::vector<uint16_t> converted;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const TensorView& v = views[i];
+    const void* src = v.data;
+    size_t bytes = v.nbytes;
+    if (v.dtype != DType::kBF16) {
+      std::vector<float> f(static_cast<size_t>(v.numel()));
+      SIESTA_TRY(convert_to_f32(v, f));
+      converted.resize(f.size());
+      for (size_t k = 0; k < f.size(); ++k) converted[k] = f32_to_bf16(f[k]);
+      src = converted.data();
+      bytes = converted.size() * sizeof(uint16_t);
+    }
+    SIESTA_CUDA_TRY(cudaMemcpy(base + pieces[i].offset, src, bytes, cudaMemcpyHostToDevice),
+                    ("copying " + v.name + " to the GPU").c_str());
+  }
+  // As the CPU reference: inv_freq = 1 / theta^(2i / head_dim), in fp32.
+  std::vector<float> inv(static_cast<size_t>(HD / 2));
+  for (size_t i = 0; i < inv.size(); ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(HD);
+    inv[i] = static_cast<float>(1.0 / std::pow(cfg.rope_theta, static_cast<double>(exponent)));
+  }
+  SIESTA_CUDA_TRY(cudaMemcpy(base + inv_freq_off, inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice),
+                  "copying RoPE frequencies to the GPU");
+
+  auto ptr = [&](size_t off) { return reinterpret_cast<bf16*>(base + off); };
+  embed = ptr(embed_off);
+  final_norm = ptr(final_norm_off);
+  lm_head = ptr(lm_head_off);
+  inv_freq = reinterpret_cast<float*>(base + inv_freq_off);
+  layers.resize(cfg.num_layers);
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    layers[l] = {ptr(lo[l].qkv),        ptr(lo[l].o),         ptr(lo[l].gate_up), ptr(lo[l].down),
+                 ptr(lo[l].input_norm), ptr(lo[l].post_norm), ptr(lo[l].q_norm),  ptr(lo[l].k_norm)};
+  }
+  return {};
+}
+
+Result<void> CudaQwen3::Impl::init_buffers() {
+  const size_t T = opt.max_batch_tokens, S = opt.max_seqs;
+  const size_t H = cfg.hidden_size, QD = cfg.q_dim(), I = cfg.intermediate_size, V = cfg.vocab_size;
+  logits_rows_cap = std::max<int>(opt.max_seqs, 64);
+  partial_parts = (opt.max_model_len + cuda::kDecodePartitionTokens - 1) / cuda::kDecodePartitionTokens;
+  const size_t max_blocks_per_seq = (opt.max_model_len + kBlockSize - 1) / kBlockSize;
+  // Every section of the step image at its largest, plus alignment.
+  const size_t ints = 3 * T + 5 * S + 2 * (T / cuda::kPrefillTileRows + S) + T + S * max_blocks_per_seq;
+  meta_capacity = align_up(ints * 4 + S * (sizeof(cuda::SamplingRecord) + cuda::kMaxBannedPerRow * 4) + 16 * 16, kAlign);
+
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t off = at;
+    at = align_up(at + bytes, kAlign);
+    return off;
+  };
+  const size_t x_off = take(T * H * 2), h_off = take(T * H * 2), proj_off = take(T * H * 2);
+  const size_t qkv_off = take(T * static_cast<size_t>(qkv_cols()) * 2);
+  const size_t q_off = take(T * QD * 2), attn_off = take(T * QD * 2);
+  const size_t gu_off = take(T * 2 * I * 2), act_off = take(T * I * 2);
+  const size_t hn_off = take(static_cast<size_t>(logits_rows_cap) * H * 2);
+  const size_t logits_off = take(static_cast<size_t>(logits_rows_cap) * V * 4);
+  const size_t part_elems = S * cfg.num_heads * static_cast<size_t>(partial_parts);
+  const size_t partial_off = take(part_elems * cfg.head_dim * 4), ml_off = take(part_elems * 2 * 4);
+  const size_t ws_off = take(kGemmWorkspaceBytes);
+  const size_t meta_off = take(meta_capacity);
+  const size_t sampled_off = take(S * 4);
+  SIESTA_ASSIGN_OR_RETURN(scratch, cuda::DeviceBuffer::allocate(*alloc, at, cuda::DeviceMemoryTag::kScratch));
+  std::byte* b = scratch.as<std::byte>();
+  x = reinterpret_cast<bf16*>(b + x_off);
+  h = reinterpret_cast<bf16*>(b + h_off);
+  proj = reinterpret_cast<bf16*>(b + proj_off);
+  qkv = reinterpret_cast<bf16*>(b + qkv_off);
+  q = reinterpret_cast<bf16*>(b + q_off);
+  attn = reinterpret_cast<bf16*>(b + attn_off);
+  gu = reinterpret_cast<bf16*>(b + gu_off);
+  act = reinterpret_cast<bf16*>(b + act_off);
+  hn = reinterpret_cast<bf16*>(b + hn_off);
+  logits = reinterpret_cast<float*>(b + logits_off);
+  partial_out = reinterpret_cast<float*>(b + partial_off);
+  partial_ml = reinterpret_cast<float*>(b + ml_off);
+  gemm_ws = b + ws_off;
+  meta = b + meta_off;
+  sampled = reinterpret_cast<int32_t*>(b + sampled_off);
+
+  SIESTA_CUDA_TRY(cudaMallocHost(&host_meta, meta_capacity), "allocating pinned host memory for step metadata");
+  SIESTA_CUDA_TRY(cudaMallocHost(&host_sampled, S * 4), "allocating pinned host memory for sampled tokens");
+  SIESTA_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "creating the model's CUDA stream");
+  SIESTA_CUDA_TRY(cudaEventCreateWithFlags(&meta_uploaded, cudaEventDisableTiming), "creating a CUDA event");
+  SIESTA_CUDA_TRY(cudaEventRecord(meta_uploaded, stream), "recording a CUDA event");
+  SIESTA_ASSIGN_OR_RETURN(gemm, cuda::CublasLtGemm::create(gemm_ws, kGemmWorkspaceBytes));
+  return {};
+}
+
+Result<void> CudaQwen3::Impl::check_cache(const KvCacheView& kv) const {
+  const KvCacheLayout want = layout();
+  const KvCacheLayout& got = kv.layout;
+  if (got.num_layers != want.num_layers || got.num_kv_heads != want.num_kv_heads || got.head_dim != want.head_dim ||
+      got.block_size != want.block_size || got.elem_bytes != want.elem_bytes)
+    return invalid_argument("forward: KV cache layout does not match the model (the CUDA model keeps bf16, elem_bytes 2)");
+  if (static_cast<int64_t>(kv.num_blocks) * kBlockSize >= (int64_t{1} << 31))
+    return invalid_argument("forward: KV cache has more than 2^27 blocks");
+  return {};
+}
+
+Result<PassDevice> CudaQwen3::Impl::upload(const cuda::StepPlan& plan, bool sample,
+                                           std::span<const cuda::SamplingRow> rows, const KvCacheView& kv) {
+  if (plan.max_kv_len > opt.max_model_len)
+    return invalid_argument("forward: a sequence reaches " + std::to_string(plan.max_kv_len) +
+                            " positions, past max_model_len " + std::to_string(opt.max_model_len));
+  const cuda::StepLayout L = cuda::step_layout(plan, sample);
+  if (L.end > meta_capacity) return internal_error("forward: step metadata larger than its buffer");
+  SIESTA_ASSIGN_OR_RETURN(std::vector<std::byte> image, cuda::pack_step(plan, L, rows));
+  // The previous upload must have left the pinned buffer before it is rewritten.
+  SIESTA_CUDA_TRY(cudaEventSynchronize(meta_uploaded), "waiting for the previous metadata upload");
+  std::memcpy(host_meta, image.data(), image.size());
+  SIESTA_CUDA_TRY(cudaMemcpyAsync(meta, host_meta, image.size(), cudaMemcpyHostToDevice, stream),
+                  "uploading step metadata");
+  SIESTA_CUDA_TRY(cudaEventRecord(meta_uploaded, stream), "recording the metadata upload");
+
+  PassDevice p;
+  p.T = plan.num_tokens;
+  p.S = plan.num_seqs;
+  p.D = static_cast<int>(plan.decode_seqs.size());
+  p.W = static_cast<int>(plan.prefill_items.size() / 2);
+  p.R = static_cast<int>(plan.logits_rows.size());
+  p.max_partitions = plan.max_partitions;
+  p.rows_are_tokens = plan.logits_rows_are_all_tokens();
+  auto at = [&](size_t off) { return reinterpret_cast<const int32_t*>(meta + off); };
+  p.tokens = at(L.tokens);
+  p.positions = at(L.positions);
+  p.slots = at(L.slots);
+  p.q_start = at(L.q_start);
+  p.q_len = at(L.q_len);
+  p.kv_len = at(L.kv_len);
+  p.table_start = at(L.table_start);
+  p.block_tables = at(L.block_tables);
+  p.decode_seqs = at(L.decode_seqs);
+  p.prefill_items = at(L.prefill_items);
+  p.logits_rows = at(L.logits_rows);
+  p.sampling = reinterpret_cast<const cuda::SamplingRowParams*>(meta + L.sampling);
+  p.banned = at(L.banned);
+  p.kv = {static_cast<bf16*>(kv.base), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim};
+  return p;
+}
+
+Result<void> CudaQwen3::Impl::linear(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K) {
+  if (opt.batch_invariant)
+    return cuda::cuda_result(cuda::launch_fixed_gemm(a, w, out, out_f32, M, N, K, stream), "fixed-order GEMM");
+  return gemm->run(a, w, out, out_f32, M, N, K, stream);
+}
+
+Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
+  const int T = p.T, H = hidden(), QD = cfg.q_dim(), I = cfg.intermediate_size;
+  const bool small = use_gemv(T);
+  SIESTA_CUDA_TRY(cuda::launch_embed(p.tokens, T, embed, H, x, stream), "embedding");
+
+  cuda::AttentionArgs aa;
+  aa.q = q;
+  aa.out = attn;
+  aa.kv = p.kv;
+  aa.num_heads = cfg.num_heads;
+  aa.num_kv_heads = cfg.num_kv_heads;
+  aa.head_dim = cfg.head_dim;
+  aa.scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
+  aa.seq_q_start = p.q_start;
+  aa.seq_q_len = p.q_len;
+  aa.seq_kv_len = p.kv_len;
+  aa.seq_table_start = p.table_start;
+  aa.block_tables = p.block_tables;
+  aa.decode_seqs = p.decode_seqs;
+  aa.partial_out = partial_out;
+  aa.partial_ml = partial_ml;
+  aa.partial_parts = partial_parts;
+  aa.prefill_items = p.prefill_items;
+
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    const LayerWeights& w = layers[l];
+    if (small) {
+      cuda::GemvArgs g{x, w.input_norm, eps(), w.qkv, T, qkv_cols(), H, cuda::GemvInput::kRmsNorm,
+                       cuda::GemvOutput::kBf16, qkv};
+      SIESTA_CUDA_TRY(cuda::launch_gemv(g, stream), "QKV projection (GEMV)");
+    } else {
+      SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(x, l == 0 ? nullptr : proj, w.input_norm, T, H, eps(), nullptr, h,
+                                                stream),
+                      "input RMSNorm");
+      SIESTA_TRY(linear(h, w.qkv, qkv, false, T, qkv_cols(), H));
+    }
+    SIESTA_CUDA_TRY(cuda::launch_qk_norm_rope_kv(qkv, T, p.positions, p.slots, w.q_norm, w.k_norm, inv_freq,
+                                                 cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps(), q, p.kv, l,
+                                                 stream),
+                    "q/k norm, RoPE and KV write");
+    aa.layer = l;
+    SIESTA_CUDA_TRY(cuda::launch_decode_attention(aa, p.D, p.max_partitions, stream), "decode attention");
+    SIESTA_CUDA_TRY(cuda::launch_prefill_attention(aa, p.W, stream), "prefill attention");
+    if (small) {
+      cuda::GemvArgs o{attn, nullptr, 0.0f, w.o, T, H, QD, cuda::GemvInput::kPlain, cuda::GemvOutput::kAddBf16, x};
+      SIESTA_CUDA_TRY(cuda::launch_gemv(o, stream), "output projection (GEMV)");
+      cuda::GemvArgs gup{x, w.post_norm, eps(), w.gate_up, T, 2 * I, H, cuda::GemvInput::kRmsNorm,
+                         cuda::GemvOutput::kBf16, gu};
+      SIESTA_CUDA_TRY(cuda::launch_gemv(gup, stream), "gate/up projection (GEMV)");
+      cuda::GemvArgs down{gu, nullptr, 0.0f, w.down, T, H, I, cuda::GemvInput::kSiluMul, cuda::GemvOutput::kAddBf16, x};
+      SIESTA_CUDA_TRY(cuda::launch_gemv(down, stream), "down projection (GEMV)");
+    } else {
+      SIESTA_TRY(linear(attn, w.o, proj, false, T, H, QD));
+      SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(x, proj, w.post_norm, T, H, eps(), nullptr, h, stream),
+                      "post-attention RMSNorm");
+      SIESTA_TRY(linear(h, w.gate_up, gu, false, T, 2 * I, H));
+      SIESTA_CUDA_TRY(cuda::launch_silu_mul(gu, T, I, act, stream), "SiLU-mul");
+      SIESTA_TRY(linear(act, w.down, proj, false, T, H, I));
+    }
+  }
+  return {};
+}
+
+// Logits of rows [r0, r1) of the pass's logits rows into `logits` (row 0 = r0).
+Result<void> CudaQwen3::Impl::enqueue_logits(const PassDevice& p, int r0, int r1) {
+  const int rows = r1 - r0, H = hidden(), V = cfg.vocab_size;
+  if (rows <= 0) return {};
+  if (use_gemv(p.T)) {
+    // The residual stream x is complete (the down GEMV added into it).
+    if (p.rows_are_tokens && r0 == 0 && r1 == p.R) {
+      cuda::GemvArgs g{x, final_norm, eps(), lm_head, rows, V, H, cuda::GemvInput::kRmsNorm, cuda::GemvOutput::kF32,
+                       logits};
+      return cuda::cuda_result(cuda::launch_gemv(g, stream), "LM head (GEMV)");
+    }
+    SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(x, nullptr, final_norm, rows, H, eps(), p.logits_rows + r0, hn, stream),
+                    "final RMSNorm");
+    cuda::GemvArgs g{hn, nullptr, 0.0f, lm_head, rows, V, H, cuda::GemvInput::kPlain, cuda::GemvOutput::kF32, logits};
+    return cuda::cuda_result(cuda::launch_gemv(g, stream), "LM head (GEMV)");
+  }
+  // The last layer's down projection is still in proj: add it for these rows only.
+  SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(x, proj, final_norm, rows, H, eps(), p.logits_rows + r0, hn, stream),
+                  "final RMSNorm");
+  return linear(hn, lm_head, logits, true, rows, V, H);
+}
+
+Result<void> CudaQwen3::Impl::enqueue_step(const PassDevice& p, bool sample) {
+  SIESTA_TRY(enqueue_layers(p));
+  SIESTA_TRY(enqueue_logits(p, 0, p.R));
+  if (sample)
+    SIESTA_CUDA_TRY(cuda::launch_sample_tokens(logits, p.R, cfg.vocab_size, p.sampling, p.banned, sampled, stream),
+                    "token sampling");
+  return {};
+}
+
+Result<void> CudaQwen3::Impl::copy_logits_rows(int device_row, int rows, float* host) {
+  if (rows <= 0) return {};
+  const size_t V = cfg.vocab_size;
+  return cuda::cuda_result(cudaMemcpyAsync(host, logits + static_cast<size_t>(device_row) * V, rows * V * sizeof(float),
+                                           cudaMemcpyDeviceToHost, stream),
+                           "copying logits to the host");
+}
+
+bool CudaQwen3::Impl::graph_eligible(std::span<const SequenceChunk> batch) const {
+  if (!opt.cuda_graphs || batch.empty() || static_cast<int>(batch.size()) > std::min(opt.max_graph_batch, opt.max_seqs) ||
+      static_cast<int>(batch.size()) > opt.max_batch_tokens)
+    return false;
+  for (const SequenceChunk& c : batch)
+    if (c.tokens.size() != 1) return false;
+  return true;
+}
+
+// One decode step (every sequence one token) through a CUDA graph captured for
+// its padded batch size and partition count. The first step of a shape runs
+// eagerly (which also sets kernel attributes and cuBLASLt plans), then the
+// same launches are captured for the next steps.
+Result<void> CudaQwen3::Impl::decode_step(std::span<const SequenceChunk> batch, const KvCacheView& kv,
+                                          std::span<const cuda::SamplingRow> rows, bool sample) {
+  int padded = static_cast<int>(batch.size());
+  for (int b : kGraphBatchSizes)
+    if (b >= padded) {
+      padded = std::min(b, std::min(opt.max_seqs, opt.max_batch_tokens));
+      break;
+    }
+  std::vector<cuda::PassChunk> chunks(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) chunks[i] = {i, batch[i], cuda::LogitsWanted::kLast};
+  SIESTA_ASSIGN_OR_RETURN(cuda::StepPlan plan, cuda::plan_pass(chunks, padded, shape()));
+  int parts = 1;
+  while (parts < plan.max_partitions) parts *= 2;
+  parts = std::min(parts, partial_parts);
+  if (plan.max_partitions > parts)
+    return invalid_argument("forward: context longer than max_model_len " + std::to_string(opt.max_model_len));
+  plan.max_partitions = parts;
+  SIESTA_ASSIGN_OR_RETURN(PassDevice p, upload(plan, sample, rows, kv));
+
+  const GraphKey key{padded, parts, sample, kv.base};
+  auto it = graphs.find(key);
+  if (it != graphs.end()) {
+    SIESTA_CUDA_TRY(cudaGraphLaunch(it->second, stream), "launching a decode graph");
+    return {};
+  }
+  SIESTA_TRY(enqueue_step(p, sample));  // this step's result
+  // Capture the same launches for the next steps of this shape. A capture
+  // that fails costs speed, not correctness: graphs are switched off.
+  Result<void> captured = cuda::cuda_result(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                                            "beginning graph capture");
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (captured) {
+    captured = enqueue_step(p, sample);
+    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+    if (captured) captured = cuda::cuda_result(end, "ending graph capture");
+  }
+  if (captured) captured = cuda::cuda_result(cudaGraphInstantiate(&exec, graph, 0), "instantiating a decode graph");
+  if (graph) cudaGraphDestroy(graph);
+  if (!captured) {
+    (void)cudaGetLastError();
+    opt.cuda_graphs = false;
+    SIESTA_LOG_WARN("cuda: decode graphs switched off: {}", captured.error().message);
+    return {};
+  }
+  graphs.emplace(key, exec);
+  SIESTA_LOG_DEBUG("cuda: captured decode graph for {} sequences, {} partitions{}", padded, parts,
+                   sample ? ", sampling" : "");
+  return {};
+}
+
+// ---------------------------------------------------------------------------
+
+CudaQwen3::CudaQwen3(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaQwen3::~CudaQwen3() = default;
+
+Result<std::unique_ptr<CudaQwen3>> CudaQwen3::load(const std::filesystem::path& model_dir,
+                                                   cuda::DeviceAllocator& allocator, const CudaModelOptions& options) {
+  SIESTA_ASSIGN_OR_RETURN(ModelConfig cfg, ModelConfig::load(model_dir));
+  SIESTA_ASSIGN_OR_RETURN(TensorStore store, TensorStore::open(model_dir));
+  return create(cfg, store, allocator, options);
+}
+
+Result<std::unique_ptr<CudaQwen3>> CudaQwen3::create(const ModelConfig& cfg, const TensorStore& store,
+                                                     cuda::DeviceAllocator& allocator,
+                                                     const CudaModelOptions& options) {
+  if (!cuda::attention_supported(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
+    return invalid_argument("CUDA model: head_dim " + std::to_string(cfg.head_dim) + " with " +
+                            std::to_string(cfg.num_heads) + " query / " + std::to_string(cfg.num_kv_heads) +
+                            " kv heads has no attention kernel (head_dim 64 or 128, group 1, 2, 4 or 8)");
+  const int H = cfg.hidden_size, I = cfg.intermediate_size;
+  if (H % 32 != 0 || I % 32 != 0 || cfg.q_dim() % 32 != 0 || H > 8192)
+    return invalid_argument("CUDA model: hidden_size, intermediate_size and q_dim must be multiples of 32 "
+                            "(and hidden_size at most 8192)");
+  if (options.max_batch_tokens < 1 || options.max_seqs < 1 || options.max_seqs > 65535)
+    return invalid_argument("CUDA model: max_batch_tokens and max_seqs must be positive (max_seqs <= 65535)");
+
+  int devices = 0;
+  SIESTA_CUDA_TRY(cudaGetDeviceCount(&devices), "looking for a CUDA device");
+  if (options.device < 0 || options.device >= devices)
+    return invalid_argument("CUDA model: device " + std::to_string(options.device) + " does not exist (" +
+                            std::to_string(devices) + " present)");
+  SIESTA_CUDA_TRY(cudaSetDevice(options.device), "selecting the CUDA device");
+
+  auto impl = std::make_unique<Impl>();
+  impl->cfg = cfg;
+  impl->opt = options;
+  impl->alloc = &allocator;
+  if (impl->opt.max_model_len <= 0)
+    impl->opt.max_model_len = std::min(cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 32768, 32768);
+  impl->gemv_ok = cuda::gemv_supported(1, H) && cuda::gemv_supported(1, cfg.q_dim()) &&
+                  cuda::gemv_supported(cuda::kGemvMaxRows, I) && cuda::gemv_supported(cuda::kGemvMaxRows, H) &&
+                  cuda::gemv_supported(cuda::kGemvMaxRows, cfg.q_dim());
+  if (options.batch_invariant &&
+      !(cuda::fixed_gemm_supported(impl->qkv_cols(), H) && cuda::fixed_gemm_supported(cfg.vocab_size, H)))
+    return invalid_argument("CUDA model: batch-invariant mode needs vocab_size and q/k/v widths divisible by 8");
+  SIESTA_TRY(impl->load_weights(store));
+  SIESTA_TRY(impl->init_buffers());
+  SIESTA_LOG_INFO("cuda: Qwen3 loaded ({} layers, hidden {}), weights {:.1f} MiB, scratch {:.1f} MiB{}",
+                  cfg.num_layers, H, impl->weights.bytes() / 1048576.0, impl->scratch.bytes() / 1048576.0,
+                  options.batch_invariant ? ", batch-invariant" : "");
+  return std::unique_ptr<CudaQwen3>(new CudaQwen3(std::move(impl)));
+}
+
+const ModelConfig& CudaQwen3::config() const { return impl_->cfg; }
+KvCacheLayout CudaQwen3::kv_layout() const { return impl_->layout(); }
+const CudaModelOptions& CudaQwen3::options() const { return impl_->opt; }
+size_t CudaQwen3::num_graphs() const { return impl_->graphs.size(); }
+size_t CudaQwen3::weight_bytes() const { return impl_->weights.bytes(); }
+
+Result<cuda::DeviceBuffer> CudaQwen3::allocate_kv_cache(int num_blocks) {
+  if (num_blocks <= 0) return invalid_argument("allocate_kv_cache: num_blocks must be positive");
+  return cuda::DeviceBuffer::allocate(*impl_->alloc, static_cast<size_t>(num_blocks) * impl_->layout().block_bytes(),
+                                      cuda::DeviceMemoryTag::kKvCache);
+}
+
+Result<void> CudaQwen3::forward(std::span<const SequenceChunk> batch, const KvCacheView& kv, ForwardOutput& out) {
+  Impl& m = *impl_;
+  SIESTA_TRY(validate_batch(m.cfg, batch, kv));
+  SIESTA_TRY(m.check_cache(kv));
+  SIESTA_CUDA_TRY(cudaSetDevice(m.opt.device), "selecting the CUDA device");
+  const size_t V = m.cfg.vocab_size;
+  out.vocab_size = static_cast<int>(V);
+  out.first_row.assign(batch.size(), 0);
+  out.num_rows.assign(batch.size(), 0);
+  size_t total = 0;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    out.first_row[s] = total;
+    out.num_rows[s] = batch[s].all_logits ? batch[s].tokens.size() : 1;
+    total += out.num_rows[s];
+  }
+  out.logits.resize(total * V);
+  if (batch.empty()) return {};
+
+  if (m.graph_eligible(batch)) {
+    SIESTA_TRY(m.decode_step(batch, kv, {}, false));
+    SIESTA_TRY(m.copy_logits_rows(0, static_cast<int>(batch.size()), out.logits.data()));
+    return cuda::cuda_result(cudaStreamSynchronize(m.stream), "decode step");
+  }
+
+  std::vector<size_t> cursor(out.first_row);  // next output row per sequence
+  for (const auto& pass : cuda::split_into_passes(batch, {m.opt.max_batch_tokens, m.opt.max_seqs})) {
+    SIESTA_ASSIGN_OR_RETURN(cuda::StepPlan plan, cuda::plan_pass(pass, 0, m.shape()));
+    SIESTA_ASSIGN_OR_RETURN(PassDevice p, m.upload(plan, false, {}, kv));
+    SIESTA_TRY(m.enqueue_layers(p));
+    for (int r0 = 0; r0 < p.R; r0 += m.logits_rows_cap) {
+      const int r1 = std::min(p.R, r0 + m.logits_rows_cap);
+      SIESTA_TRY(m.enqueue_logits(p, r0, r1));
+      // Copy each chunk's share of [r0, r1) to its sequence's output rows.
+      for (size_t c = 0; c < pass.size(); ++c) {
+        const int a = std::max<int>(r0, static_cast<int>(plan.first_row[c]));
+        const int b = std::min<int>(r1, static_cast<int>(plan.first_row[c] + plan.num_rows[c]));
+        if (a >= b) continue;
+        const size_t host_row = cursor[pass[c].seq] + (a - plan.first_row[c]);
+        SIESTA_TRY(m.copy_logits_rows(a - r0, b - a, out.logits.data() + host_row * V));
+      }
+    }
+    for (size_t c = 0; c < pass.size(); ++c) cursor[pass[c].seq] += plan.num_rows[c];
+  }
+  return cuda::cuda_result(cudaStreamSynchronize(m.stream), "forward pass");
+}
+
+Result<void> CudaQwen3::forward_sample(std::span<const SequenceChunk> batch, const KvCacheView& kv,
+                                       std::span<const cuda::SamplingRow> rows, SampledTokens& out,
+                                       bool copy_logits) {
+  Impl& m = *impl_;
+  if (rows.size() != batch.size())
+    return invalid_argument("forward_sample: " + std::to_string(rows.size()) + " sampling rows for " +
+                            std::to_string(batch.size()) + " sequences");
+  SIESTA_TRY(validate_batch(m.cfg, batch, kv));
+  SIESTA_TRY(m.check_cache(kv));
+  SIESTA_CUDA_TRY(cudaSetDevice(m.opt.device), "selecting the CUDA device");
+  const size_t V = m.cfg.vocab_size;
+  out.tokens.assign(batch.size(), cuda::kSampleOnHostToken);
+  out.has_logits = false;
+  if (batch.empty()) return {};
+  // One row of logits per sequence: its last.
+  std::vector<SequenceChunk> last_only(batch.begin(), batch.end());
+  for (SequenceChunk& c : last_only) c.all_logits = false;
+  auto prepare_logits = [&] {
+    out.has_logits = true;
+    out.logits.vocab_size = static_cast<int>(V);
+    out.logits.first_row.resize(batch.size());
+    out.logits.num_rows.assign(batch.size(), 1);
+    for (size_t s = 0; s < batch.size(); ++s) out.logits.first_row[s] = s;
+    out.logits.logits.resize(batch.size() * V);
+  };
+
+  if (m.graph_eligible(last_only)) {
+    SIESTA_TRY(m.decode_step(last_only, kv, rows, true));
+    const int n = static_cast<int>(batch.size());
+    SIESTA_CUDA_TRY(cudaMemcpyAsync(m.host_sampled, m.sampled, n * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
+                    "copying sampled tokens to the host");
+    SIESTA_CUDA_TRY(cudaStreamSynchronize(m.stream), "decode step");
+    std::copy(m.host_sampled, m.host_sampled + n, out.tokens.begin());
+    const bool fallback = std::find(out.tokens.begin(), out.tokens.end(), cuda::kSampleOnHostToken) != out.tokens.end();
+    if (copy_logits || fallback) {
+      prepare_logits();
+      SIESTA_TRY(m.copy_logits_rows(0, n, out.logits.logits.data()));
+      SIESTA_CUDA_TRY(cudaStreamSynchronize(m.stream), "copying logits to the host");
+    }
+    return {};
+  }
+
+  for (const auto& pass : cuda::split_into_passes(last_only, {m.opt.max_batch_tokens, m.opt.max_seqs})) {
+    SIESTA_ASSIGN_OR_RETURN(cuda::StepPlan plan, cuda::plan_pass(pass, 0, m.shape()));
+    std::vector<cuda::SamplingRow> pass_rows;
+    std::vector<size_t> pass_seqs;  // the sequence of each logits row
+    for (size_t c = 0; c < pass.size(); ++c)
+      if (plan.num_rows[c] > 0) {
+        pass_rows.push_back(rows[pass[c].seq]);
+        pass_seqs.push_back(pass[c].seq);
+      }
+    SIESTA_ASSIGN_OR_RETURN(PassDevice p, m.upload(plan, true, pass_rows, kv));
+    SIESTA_TRY(m.enqueue_layers(p));
+    if (p.R == 0) continue;
+    SIESTA_TRY(m.enqueue_logits(p, 0, p.R));  // R <= max_seqs <= logits_rows_cap
+    SIESTA_CUDA_TRY(cuda::launch_sample_tokens(m.logits, p.R, m.cfg.vocab_size, p.sampling, p.banned, m.sampled,
+                                               m.stream),
+                    "token sampling");
+    SIESTA_CUDA_TRY(cudaMemcpyAsync(m.host_sampled, m.sampled, p.R * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
+                    "copying sampled tokens to the host");
+    SIESTA_CUDA_TRY(cudaStreamSynchronize(m.stream), "forward pass");
+    bool fallback = false;
+    for (int r = 0; r < p.R; ++r) {
+      out.tokens[pass_seqs[r]] = m.host_sampled[r];
+      fallback |= m.host_sampled[r] == cuda::kSampleOnHostToken;
+    }
+    if (copy_logits || fallback) {
+      if (!out.has_logits) prepare_logits();
+      for (int r = 0; r < p.R; ++r)
+        SIESTA_TRY(m.copy_logits_rows(r, 1, out.logits.logits.data() + pass_seqs[r] * V));
+      SIESTA_CUDA_TRY(cudaStreamSynchronize(m.stream), "copying logits to the host");
+    }
+  }
+  return {};
+}
+
+}  // namespace siesta

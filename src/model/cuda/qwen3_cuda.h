@@ -1,0 +1,109 @@
+// CudaQwen3: Qwen3 in bf16 on one CUDA GPU, an implementation of Model.
+//
+//   cuda::CudaMallocAllocator alloc;                       // or the sleep-capable pool
+//   SIESTA_ASSIGN_OR_RETURN(auto model, CudaQwen3::load(model_dir, alloc, options));
+//   SIESTA_ASSIGN_OR_RETURN(cuda::DeviceBuffer kv, model->allocate_kv_cache(num_blocks));
+//   KvCacheView view{kv.data(), num_blocks, model->kv_layout()};   // bf16, elem_bytes 2
+//   model->forward(batch, view, out);                      // fp32 logits on the host
+//   model->forward_sample(batch, view, rows, sampled);     // tokens chosen on the GPU
+//
+// Weights and activations are bf16 with fp32 accumulation, rounded where
+// Hugging Face's bf16 model rounds (kernels.h). Projections go through
+// cuBLASLt, or through a fused GEMV for batches of up to 8 tokens, or — with
+// options.batch_invariant — through a fixed-order tensor-core GEMM whose
+// per-row arithmetic does not depend on the batch (nor does anything else:
+// then a request's logits and tokens are bit-identical whatever it is batched
+// with, for the same chunking of its own prompt).
+//
+// Every device byte comes from the DeviceAllocator given at load, tagged
+// weights / kv_cache / scratch, and is held at a fixed address for the
+// model's life: decode steps (every sequence with one new token) replay CUDA
+// graphs captured per padded batch size, which bake those addresses in.
+//
+// A batch larger than options.max_batch_tokens or options.max_seqs is run as
+// several passes (long prompts in chunks); the result is the same call.
+// Thread safety: one thread at a time (the engine loop).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "model/config.h"
+#include "model/cuda/device_allocator.h"
+#include "model/cuda/step_plan.h"
+#include "model/forward.h"
+
+namespace siesta {
+
+class TensorStore;
+
+struct CudaModelOptions {
+  int device = 0;
+  int max_batch_tokens = 8192;  // tokens per pass: sizes the activation buffers
+  int max_seqs = 256;           // sequences per pass
+  int max_model_len = 0;        // longest context; 0: min(config max_position_embeddings, 32768)
+  bool batch_invariant = false;
+  bool cuda_graphs = true;
+  int max_graph_batch = 256;    // decode steps of up to this many sequences replay graphs
+};
+
+// forward_sample's result: one token per sequence of the batch. A row the
+// device could not decide (top-p whose nucleus holds more than 1024 tokens)
+// is cuda::kSampleOnHostToken; then, or when asked, `logits` holds every
+// sequence's logits as forward() would give them, for the host sampler.
+struct SampledTokens {
+  std::vector<int32_t> tokens;
+  bool has_logits = false;
+  ForwardOutput logits;
+};
+
+namespace cuda {
+inline constexpr int32_t kSampleOnHostToken = -1;
+}  // namespace cuda
+
+// True when a CUDA device is present and usable (tests skip without one).
+bool cuda_device_available();
+
+class CudaQwen3 final : public Model {
+ public:
+  static Result<std::unique_ptr<CudaQwen3>> load(const std::filesystem::path& model_dir,
+                                                 cuda::DeviceAllocator& allocator,
+                                                 const CudaModelOptions& options = {});
+  static Result<std::unique_ptr<CudaQwen3>> create(const ModelConfig& cfg, const TensorStore& store,
+                                                   cuda::DeviceAllocator& allocator,
+                                                   const CudaModelOptions& options = {});
+  ~CudaQwen3() override;
+  CudaQwen3(const CudaQwen3&) = delete;
+  CudaQwen3& operator=(const CudaQwen3&) = delete;
+
+  const ModelConfig& config() const override;
+  KvCacheLayout kv_layout() const override;  // bf16: elem_bytes 2
+  Result<void> forward(std::span<const SequenceChunk> batch, const KvCacheView& kv, ForwardOutput& out) override;
+
+  // Like forward, but each sequence's next token is chosen on the GPU from its
+  // last row of logits, as `rows[i]` says (one per sequence; all_logits is
+  // ignored), and only the tokens come back to the host.
+  Result<void> forward_sample(std::span<const SequenceChunk> batch, const KvCacheView& kv,
+                              std::span<const cuda::SamplingRow> rows, SampledTokens& out,
+                              bool copy_logits = false);
+
+  // A KV cache of num_blocks blocks from the model's allocator (tag kv_cache).
+  Result<cuda::DeviceBuffer> allocate_kv_cache(int num_blocks);
+
+  const CudaModelOptions& options() const;
+  size_t num_graphs() const;  // decode graphs captured so far
+  size_t weight_bytes() const;
+
+  struct Impl;
+
+ private:
+  explicit CudaQwen3(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace siesta

@@ -1,0 +1,72 @@
+"""The one table scripts/device-check prints last: each step's result, the correctness figures and
+the benchmark against its targets, the roofline and the transformers baseline. Also writes
+OUT/summary.json.   python3 device_report.py OUT STATUS_FILE
+"""
+import json
+import os
+import sys
+
+out, status_file = sys.argv[1], sys.argv[2]
+
+
+def load(name):
+    try:
+        return json.load(open(os.path.join(out, name)))
+    except Exception:
+        return None
+
+
+steps = []
+for line in open(status_file):
+    name, rc, secs = line.strip().split("|")
+    steps.append({"step": name, "exit": int(rc), "seconds": int(secs)})
+summary = {"steps": steps, "hf_tiny": load("hf_tiny.json"), "hf_0.6b": load("hf_0.6b.json"),
+           "bench": load("cuda_qwen3_0.6b.json")}
+json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
+
+rows = []
+for s in steps:
+    rows.append((f"step {s['step']}", "PASS" if s["exit"] == 0 else f"FAIL (exit {s['exit']})", f"{s['seconds']} s"))
+for key, label in (("hf_tiny", "tiny"), ("hf_0.6b", "0.6B")):
+    r = summary[key] or {}
+    if "logits" in r:
+        rows.append((f"{label}: max rel err vs HF fp32 / bf16", f"{r['logits']['max_rel_err_vs_hf_fp32']:.2e}",
+                     f"{r['logits']['max_rel_err_vs_hf_bf16']:.2e} (<= 2e-2)"))
+    for g, name in (("greedy", "greedy = HF bf16"), ("greedy_batch_invariant", "greedy = HF bf16 (invariant)")):
+        if g in r:
+            firsts = [p.get("equal_prefix") for p in r[g]["per_prompt"]]
+            rows.append((f"{label}: {name}", f"{r[g]['equal_prompts']}/{r[g]['prompts']} prompts",
+                         "equal prefixes " + ",".join(str(x) for x in firsts)))
+    if "cpu" in r:
+        rows.append((f"{label}: max rel err vs CPU fp32", f"{r['cpu']['max_rel_err_vs_cpu_fp32']:.2e}",
+                     f"{r['cpu']['prompts']} prompts"))
+b = summary["bench"]
+if b:
+    rows.append(("machine", b["machine"]["gpu"], f"commit {b['commit'][:12]} {b['date']}"))
+    rows.append(("D2D copy / cuBLASLt bf16", f"{b['limits']['d2d_copy_GBps']:.0f} GB/s",
+                 f"{b['limits']['cublaslt_bf16_TFLOPs']:.0f} TFLOP/s"))
+    hf = b.get("hf_baseline") or {}
+    for mode in ("default", "batch_invariant"):
+        m = b["modes"].get(mode)
+        if not m:
+            continue
+        for k, v in m.get("decode", {}).items():
+            base = (hf.get("transformers_generate") or {}).get(k)
+            extra = f"floor {k and int(int(k) / (v['floor_ms_per_step'] * 1e-3))} tok/s ({v['fraction_of_floor'] * 100:.0f}%)"
+            if base:
+                extra += f", HF {base:.0f} tok/s"
+            rows.append((f"{mode} decode batch {k}", f"{v['tokens_per_s']:.0f} tok/s ({v['ms_per_step']:.3f} ms/step)", extra))
+        for k, v in m.get("prefill", {}).items():
+            base = (hf.get("prefill_ms") or {}).get(k)
+            extra = f"floor {v['floor_ms']:.2f} ms ({v['fraction_of_floor'] * 100:.0f}%), {v['tflops']:.0f} TFLOP/s"
+            if base:
+                extra += f", HF {base:.1f} ms"
+            rows.append((f"{mode} prefill {k}", f"{v['ms']:.2f} ms", extra))
+    for t in b.get("targets", []):
+        rows.append((f"target: {t['name']}", f"{t['measured']:.3f}", f"{'met' if t['met'] else 'MISSED'} (target {t['target']})"))
+
+w0 = max(len(r[0]) for r in rows)
+w1 = max(len(r[1]) for r in rows)
+print("\n" + "=" * (w0 + w1 + 40))
+for r in rows:
+    print(f"{r[0]:<{w0}}  {r[1]:<{w1}}  {r[2]}")

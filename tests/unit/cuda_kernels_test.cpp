@@ -1,0 +1,568 @@
+// The CUDA model's kernels, one at a time, against host references on fresh
+// random inputs (never zeros), with outputs poisoned before each launch.
+// Skips without a GPU.
+#include <gtest/gtest.h>
+
+#if defined(SIESTA_HAVE_CUDA)
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "engine/random.h"
+#include "engine/sampler.h"
+#include "model/cuda/kernels.h"
+#include "model/cuda/qwen3_cuda.h"
+#include "model/safetensors.h"
+
+namespace siesta::cuda {
+namespace {
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr << ": " << cudaGetErrorString(cudaGetLastError())
+
+float rb(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+// A device array with host mirror helpers; poisoned (0xFF bytes = NaN) on creation.
+template <class T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(size_t n) : n_(n) {
+    if (cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)) != cudaSuccess) p_ = nullptr;
+    if (p_) cudaMemset(p_, 0xFF, std::max<size_t>(n, 1) * sizeof(T));
+  }
+  ~DeviceArray() { cudaFree(p_); }
+  DeviceArray(const DeviceArray&) = delete;
+  T* get() const { return p_; }
+  void upload(const std::vector<T>& v) { cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice); }
+  std::vector<T> download() const {
+    std::vector<T> v(n_);
+    cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
+    return v;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_;
+};
+
+using Bf16Array = DeviceArray<uint16_t>;
+bf16* B(const Bf16Array& a) { return reinterpret_cast<bf16*>(a.get()); }
+
+std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float scale = 1.0f, float mean = 0.0f) {
+  std::normal_distribution<float> d(mean, scale);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = f32_to_bf16(d(rng));
+  return v;
+}
+std::vector<float> to_f32(const std::vector<uint16_t>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = bf16_to_f32(v[i]);
+  return f;
+}
+
+// max |a - b| / max |b|; NaN anywhere gives infinity.
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  double md = 0, mr = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return std::numeric_limits<double>::infinity();
+    md = std::max(md, std::abs(static_cast<double>(a[i]) - b[i]));
+    mr = std::max(mr, std::abs(static_cast<double>(b[i])));
+  }
+  return md / std::max(mr, 1e-30);
+}
+
+class CudaKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  }
+  std::mt19937 rng{1234};
+};
+
+TEST_F(CudaKernels, EmbedAndAddRmsNormRoundLikeHuggingFace) {
+  const int T = 7, H = 1024, V = 50;
+  auto table = random_bf16(static_cast<size_t>(V) * H, rng);
+  auto delta = random_bf16(static_cast<size_t>(T) * H, rng, 0.5f);
+  auto w = random_bf16(H, rng, 0.1f, 1.0f);
+  std::vector<int32_t> tokens = {3, 0, 49, 7, 7, 12, 30};
+  DeviceArray<int32_t> d_tok(T);
+  Bf16Array d_table(table.size()), d_x(static_cast<size_t>(T) * H), d_delta(delta.size()), d_w(H), d_out(T * H);
+  d_tok.upload(tokens);
+  d_table.upload(table);
+  d_delta.upload(delta);
+  d_w.upload(w);
+  CUDA_OK(launch_embed(d_tok.get(), T, B(d_table), H, B(d_x), nullptr));
+  CUDA_OK(launch_add_rms_norm(B(d_x), B(d_delta), B(d_w), T, H, 1e-6f, nullptr, B(d_out), nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto x = to_f32(d_x.download()), out = to_f32(d_out.download());
+  const auto tf = to_f32(table), df = to_f32(delta), wf = to_f32(w);
+  std::vector<float> want_x(T * H), want_out(T * H);
+  for (int t = 0; t < T; ++t) {
+    double ss = 0;
+    for (int i = 0; i < H; ++i) {
+      want_x[t * H + i] = rb(tf[tokens[t] * H + i] + df[t * H + i]);
+      ss += static_cast<double>(want_x[t * H + i]) * want_x[t * H + i];
+    }
+    const float rs = static_cast<float>(1.0 / std::sqrt(ss / H + 1e-6));
+    for (int i = 0; i < H; ++i) want_out[t * H + i] = rb(wf[i] * rb(want_x[t * H + i] * rs));
+  }
+  EXPECT_EQ(x, want_x);  // one rounding of an exact sum: bit-identical
+  EXPECT_LT(rel_err(out, want_out), 1e-2);
+
+  // The gathered form: rows 5 and 1, x untouched.
+  std::vector<int32_t> rows = {5, 1};
+  DeviceArray<int32_t> d_rows(2);
+  d_rows.upload(rows);
+  Bf16Array d_g(2 * H);
+  CUDA_OK(launch_add_rms_norm(B(d_x), nullptr, B(d_w), 2, H, 1e-6f, d_rows.get(), B(d_g), nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto g = to_f32(d_g.download());
+  EXPECT_EQ(std::vector<float>(g.begin(), g.begin() + H), std::vector<float>(out.begin() + 5 * H, out.begin() + 6 * H));
+  EXPECT_EQ(to_f32(d_x.download()), want_x);
+}
+
+TEST_F(CudaKernels, QkNormRopeWritesQAndThePagedCache) {
+  for (int hd : {64, 128}) {
+    const int T = 5, heads = 4, kvh = 2, L = 3, layer = 1, blocks = 4;
+    const int qd = heads * hd, kvd = kvh * hd, cols = qd + 2 * kvd;
+    auto qkv = random_bf16(static_cast<size_t>(T) * cols, rng);
+    auto qn = random_bf16(hd, rng, 0.1f, 1.0f), kn = random_bf16(hd, rng, 0.1f, 1.0f);
+    std::vector<int32_t> pos = {0, 1, 17, 300, 4095}, slots = {3 * 16 + 0, 3 * 16 + 1, 0 * 16 + 5, -1, 2 * 16 + 15};
+    std::vector<float> inv(hd / 2);
+    for (int i = 0; i < hd / 2; ++i) inv[i] = static_cast<float>(1.0 / std::pow(1e6, (2.0 * i) / hd));
+    const size_t cache_elems = static_cast<size_t>(blocks) * L * 2 * 16 * kvd;
+    Bf16Array d_qkv(qkv.size()), d_qn(hd), d_kn(hd), d_q(static_cast<size_t>(T) * qd), d_cache(cache_elems);
+    DeviceArray<int32_t> d_pos(T), d_slots(T);
+    DeviceArray<float> d_inv(hd / 2);
+    d_qkv.upload(qkv);
+    d_qn.upload(qn);
+    d_kn.upload(kn);
+    d_pos.upload(pos);
+    d_slots.upload(slots);
+    d_inv.upload(inv);
+    KvCacheDesc kv{B(d_cache), L, kvh, hd};
+    CUDA_OK(launch_qk_norm_rope_kv(B(d_qkv), T, d_pos.get(), d_slots.get(), B(d_qn), B(d_kn), d_inv.get(), heads, kvh,
+                                   hd, 1e-6f, B(d_q), kv, layer, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto q = to_f32(d_q.download()), cache = to_f32(d_cache.download());
+    const auto f = to_f32(qkv), qnf = to_f32(qn), knf = to_f32(kn);
+    auto ref = [&](const float* src, const std::vector<float>& w, int p, float* dst) {
+      double ss = 0;
+      for (int i = 0; i < hd; ++i) ss += static_cast<double>(src[i]) * src[i];
+      const float rs = static_cast<float>(1.0 / std::sqrt(ss / hd + 1e-6));
+      std::vector<float> y(hd);
+      for (int i = 0; i < hd; ++i) y[i] = rb(w[i] * rb(src[i] * rs));
+      for (int i = 0; i < hd / 2; ++i) {
+        const float ang = static_cast<float>(p) * inv[i];
+        const float c = rb(std::cos(ang)), s = rb(std::sin(ang));
+        dst[i] = rb(rb(y[i] * c) + rb(-y[i + hd / 2] * s));
+        dst[i + hd / 2] = rb(rb(y[i + hd / 2] * c) + rb(y[i] * s));
+      }
+    };
+    std::vector<float> want(hd);
+    double worst = 0;
+    for (int t = 0; t < T; ++t) {
+      for (int h = 0; h < heads; ++h) {
+        ref(&f[t * cols + h * hd], qnf, pos[t], want.data());
+        worst = std::max(worst, rel_err(std::vector<float>(q.begin() + (t * heads + h) * hd,
+                                                           q.begin() + (t * heads + h + 1) * hd), want));
+      }
+      if (slots[t] < 0) continue;
+      const int blk = slots[t] / 16, off = slots[t] % 16;
+      for (int h = 0; h < kvh; ++h) {
+        const size_t kbase = ((static_cast<size_t>(blk) * L + layer) * 2 + 0) * 16 * kvd + off * kvd + h * hd;
+        const size_t vbase = ((static_cast<size_t>(blk) * L + layer) * 2 + 1) * 16 * kvd + off * kvd + h * hd;
+        ref(&f[t * cols + qd + h * hd], knf, pos[t], want.data());
+        worst = std::max(worst, rel_err(std::vector<float>(cache.begin() + kbase, cache.begin() + kbase + hd), want));
+        for (int i = 0; i < hd; ++i) EXPECT_EQ(cache[vbase + i], f[t * cols + qd + kvd + h * hd + i]);
+      }
+    }
+    EXPECT_LT(worst, 2e-2) << "head_dim " << hd;
+    // Slot -1 (padding) wrote nothing: block 1 is still poison.
+    const size_t b1 = ((1ull * L + layer) * 2) * 16 * kvd;
+    EXPECT_TRUE(std::isnan(cache[b1]));
+  }
+}
+
+TEST_F(CudaKernels, SiluMul) {
+  const int T = 3, I = 768;
+  auto gu = random_bf16(static_cast<size_t>(T) * 2 * I, rng, 2.0f);
+  Bf16Array d_gu(gu.size()), d_out(static_cast<size_t>(T) * I);
+  d_gu.upload(gu);
+  CUDA_OK(launch_silu_mul(B(d_gu), T, I, B(d_out), nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto out = to_f32(d_out.download()), f = to_f32(gu);
+  std::vector<float> want(static_cast<size_t>(T) * I);
+  for (int t = 0; t < T; ++t)
+    for (int i = 0; i < I; ++i) {
+      const float g = f[t * 2 * I + i], u = f[t * 2 * I + I + i];
+      want[t * I + i] = rb(rb(g / (1.0f + std::exp(-g))) * u);
+    }
+  EXPECT_LT(rel_err(out, want), 1e-2);
+}
+
+// Host reference of y = a w^T in double.
+std::vector<float> matmul_ref(const std::vector<float>& a, const std::vector<float>& w, int M, int N, int K) {
+  std::vector<float> y(static_cast<size_t>(M) * N);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      double s = 0;
+      for (int k = 0; k < K; ++k) s += static_cast<double>(a[m * K + k]) * w[static_cast<size_t>(n) * K + k];
+      y[static_cast<size_t>(m) * N + n] = static_cast<float>(s);
+    }
+  return y;
+}
+
+TEST_F(CudaKernels, GemvWithEachPrologueAndEpilogue) {
+  const int N = 1000, K = 1024;
+  auto w = random_bf16(static_cast<size_t>(N) * K, rng, 0.05f);
+  auto nw = random_bf16(K, rng, 0.1f, 1.0f);
+  Bf16Array d_w(w.size()), d_nw(K);
+  d_w.upload(w);
+  d_nw.upload(nw);
+  const auto wf = to_f32(w), nwf = to_f32(nw);
+  for (int M : {1, 3, 8}) {
+    for (GemvInput in : {GemvInput::kPlain, GemvInput::kRmsNorm, GemvInput::kSiluMul}) {
+      const int in_cols = in == GemvInput::kSiluMul ? 2 * K : K;
+      auto x = random_bf16(static_cast<size_t>(M) * in_cols, rng);
+      const auto xf = to_f32(x);
+      std::vector<float> a(static_cast<size_t>(M) * K);
+      for (int m = 0; m < M; ++m) {
+        double ss = 0;
+        for (int k = 0; k < K; ++k) ss += static_cast<double>(xf[m * in_cols + k]) * xf[m * in_cols + k];
+        const float rs = static_cast<float>(1.0 / std::sqrt(ss / K + 1e-6));
+        for (int k = 0; k < K; ++k) {
+          const float v = xf[m * in_cols + k];
+          if (in == GemvInput::kPlain) a[m * K + k] = v;
+          if (in == GemvInput::kRmsNorm) a[m * K + k] = rb(nwf[k] * rb(v * rs));
+          if (in == GemvInput::kSiluMul) a[m * K + k] = rb(rb(v / (1.0f + std::exp(-v))) * xf[m * in_cols + K + k]);
+        }
+      }
+      const auto want = matmul_ref(a, wf, M, N, K);
+      Bf16Array d_x(x.size());
+      d_x.upload(x);
+      // f32 out
+      DeviceArray<float> d_f(static_cast<size_t>(M) * N);
+      GemvArgs g{B(d_x), B(d_nw), 1e-6f, B(d_w), M, N, K, in, GemvOutput::kF32, d_f.get()};
+      CUDA_OK(launch_gemv(g, nullptr));
+      // residual add
+      auto res = random_bf16(static_cast<size_t>(M) * N, rng);
+      Bf16Array d_res(res.size());
+      d_res.upload(res);
+      g.output_kind = GemvOutput::kAddBf16;
+      g.out = d_res.get();
+      CUDA_OK(launch_gemv(g, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      EXPECT_LT(rel_err(d_f.download(), want), 2e-3) << "M " << M << " input " << static_cast<int>(in);
+      const auto resf = to_f32(res), got = to_f32(d_res.download());
+      std::vector<float> want_res(resf.size());
+      for (size_t i = 0; i < want_res.size(); ++i) want_res[i] = rb(resf[i] + rb(want[i]));
+      EXPECT_LT(rel_err(got, want_res), 1e-2) << "M " << M << " input " << static_cast<int>(in);
+    }
+  }
+}
+
+TEST_F(CudaKernels, FixedGemmIsCorrectAndRowsDoNotDependOnM) {
+  const int N = 264, K = 512;  // N not a multiple of the CTA tile
+  auto w = random_bf16(static_cast<size_t>(N) * K, rng, 0.05f);
+  auto a = random_bf16(static_cast<size_t>(300) * K, rng);
+  Bf16Array d_w(w.size()), d_a(a.size());
+  d_w.upload(w);
+  d_a.upload(a);
+  const auto want = matmul_ref(to_f32(a), to_f32(w), 300, N, K);
+  std::vector<std::vector<float>> outs;
+  for (int M : {1, 13, 37, 300}) {
+    DeviceArray<float> d_y(static_cast<size_t>(M) * N);
+    CUDA_OK(launch_fixed_gemm(B(d_a), B(d_w), d_y.get(), true, M, N, K, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    outs.push_back(d_y.download());
+    EXPECT_LT(rel_err(outs.back(), std::vector<float>(want.begin(), want.begin() + static_cast<size_t>(M) * N)), 2e-3)
+        << "M " << M;
+  }
+  // Row 0 (and row 12) bit-identical whatever M.
+  for (size_t i = 1; i < outs.size(); ++i)
+    EXPECT_TRUE(std::equal(outs[0].begin(), outs[0].begin() + N, outs[i].begin())) << "M index " << i;
+  EXPECT_TRUE(std::equal(outs[1].begin() + 12 * N, outs[1].begin() + 13 * N, outs[3].begin() + 12 * N));
+  // bf16 output rounds the same accumulators.
+  Bf16Array d_yb(static_cast<size_t>(37) * N);
+  CUDA_OK(launch_fixed_gemm(B(d_a), B(d_w), d_yb.get(), false, 37, N, K, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto yb = to_f32(d_yb.download());
+  for (int i = 0; i < 37 * N; ++i) ASSERT_EQ(yb[i], rb(outs[2][i])) << i;
+}
+
+// A paged cache with scrambled block tables, random K/V, for attention tests.
+struct AttnFixture {
+  int heads, kvh, hd, L = 2, layer = 1, blocks;
+  std::vector<float> cache;  // host copy (bf16 values)
+  Bf16Array* d_cache = nullptr;
+  size_t kv_base(int blk, int kind) const {
+    return ((static_cast<size_t>(blk) * L + layer) * 2 + kind) * 16 * kvh * hd;
+  }
+  const float* k(const std::vector<int32_t>& table, int p, int h) const {
+    return &cache[kv_base(table[p / 16], 0) + (p % 16) * kvh * hd + h * hd];
+  }
+  const float* v(const std::vector<int32_t>& table, int p, int h) const {
+    return &cache[kv_base(table[p / 16], 1) + (p % 16) * kvh * hd + h * hd];
+  }
+};
+
+// out[d] = softmax(q . k_p * scale, p < n) . v_p, in double.
+std::vector<float> attend_ref(const AttnFixture& f, const std::vector<int32_t>& table, const float* q, int h, int n) {
+  const int kvh = h / (f.heads / f.kvh);
+  std::vector<double> s(n);
+  double mx = -1e300;
+  for (int p = 0; p < n; ++p) {
+    double d = 0;
+    for (int i = 0; i < f.hd; ++i) d += static_cast<double>(q[i]) * f.k(table, p, kvh)[i];
+    s[p] = d / std::sqrt(static_cast<double>(f.hd));
+    mx = std::max(mx, s[p]);
+  }
+  double sum = 0;
+  for (double& x : s) sum += (x = std::exp(x - mx));
+  std::vector<float> o(f.hd);
+  for (int i = 0; i < f.hd; ++i) {
+    double acc = 0;
+    for (int p = 0; p < n; ++p) acc += s[p] * f.v(table, p, kvh)[i];
+    o[i] = static_cast<float>(acc / sum);
+  }
+  return o;
+}
+
+TEST_F(CudaKernels, DecodeAttentionSplitsLongContextsAndMatchesReference) {
+  for (auto [heads, kvh, hd] : {std::tuple{16, 8, 128}, std::tuple{4, 2, 64}, std::tuple{32, 8, 128}}) {
+    AttnFixture f{heads, kvh, hd};
+    f.blocks = 200;
+    const std::vector<int> lens = {1, 17, 256, 257, 1000, 3000, 0};  // 0: padding row
+    const int S = static_cast<int>(lens.size());
+    std::vector<int32_t> perm(f.blocks);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t> tables, table_start, kv_len, q_start, q_len, decode;
+    std::vector<std::vector<int32_t>> per_seq;
+    int next = 0;
+    for (int s = 0; s < S; ++s) {
+      const int nb = (lens[s] + 15) / 16;
+      table_start.push_back(static_cast<int32_t>(tables.size()));
+      std::vector<int32_t> t;
+      for (int b = 0; b < nb; ++b) t.push_back(perm[(next++) % f.blocks]);  // reads may share blocks
+      tables.insert(tables.end(), t.begin(), t.end());
+      per_seq.push_back(t);
+      kv_len.push_back(lens[s]);
+      q_start.push_back(s);
+      q_len.push_back(1);
+      decode.push_back(s);
+    }
+    const size_t cache_elems = static_cast<size_t>(f.blocks) * f.L * 2 * 16 * kvh * hd;
+    auto cache = random_bf16(cache_elems, rng);
+    f.cache = to_f32(cache);
+    auto q = random_bf16(static_cast<size_t>(S) * heads * hd, rng);
+    const auto qf = to_f32(q);
+    Bf16Array d_cache(cache_elems), d_q(q.size()), d_out(static_cast<size_t>(S) * heads * hd);
+    d_cache.upload(cache);
+    d_q.upload(q);
+    DeviceArray<int32_t> d_tables(tables.size()), d_ts(S), d_kv(S), d_qs(S), d_ql(S), d_dec(S);
+    d_tables.upload(tables);
+    d_ts.upload(table_start);
+    d_kv.upload(kv_len);
+    d_qs.upload(q_start);
+    d_ql.upload(q_len);
+    d_dec.upload(decode);
+    const int parts = 16;
+    DeviceArray<float> d_po(static_cast<size_t>(S) * heads * parts * hd), d_ml(static_cast<size_t>(S) * heads * parts * 2);
+    AttentionArgs a;
+    a.q = B(d_q);
+    a.out = B(d_out);
+    a.kv = {B(d_cache), f.L, kvh, hd};
+    a.layer = f.layer;
+    a.num_heads = heads;
+    a.num_kv_heads = kvh;
+    a.head_dim = hd;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    a.seq_q_start = d_qs.get();
+    a.seq_q_len = d_ql.get();
+    a.seq_kv_len = d_kv.get();
+    a.seq_table_start = d_ts.get();
+    a.block_tables = d_tables.get();
+    a.decode_seqs = d_dec.get();
+    a.partial_out = d_po.get();
+    a.partial_ml = d_ml.get();
+    a.partial_parts = parts;
+    CUDA_OK(launch_decode_attention(a, S, parts, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto out = to_f32(d_out.download());
+    double worst = 0;
+    for (int s = 0; s < S; ++s)
+      for (int h = 0; h < heads; ++h) {
+        std::vector<float> got(out.begin() + (s * heads + h) * hd, out.begin() + (s * heads + h + 1) * hd);
+        if (lens[s] == 0) {
+          for (float g : got) EXPECT_EQ(g, 0.0f);
+          continue;
+        }
+        const auto want = attend_ref(f, per_seq[s], &qf[(s * heads + h) * hd], h, lens[s]);
+        worst = std::max(worst, rel_err(got, want));
+      }
+    EXPECT_LT(worst, 1e-2) << heads << "/" << kvh << " heads, head_dim " << hd;
+  }
+}
+
+// Runs prefill attention for one sequence whose first `start` positions are
+// already cached, over its new tokens [start, start + n).
+std::vector<float> run_prefill(const AttnFixture& f, Bf16Array& d_cache, const std::vector<int32_t>& table,
+                               const std::vector<uint16_t>& q_all, int start, int n) {
+  const int heads = f.heads, hd = f.hd;
+  std::vector<uint16_t> q(q_all.begin() + static_cast<size_t>(start) * heads * hd,
+                          q_all.begin() + static_cast<size_t>(start + n) * heads * hd);
+  Bf16Array d_q(q.size()), d_out(q.size());
+  d_q.upload(q);
+  std::vector<int32_t> items;
+  for (int t = 0; t * kPrefillTileRows < n; ++t) items.insert(items.end(), {0, t});
+  DeviceArray<int32_t> d_tables(table.size()), d_ts(1), d_kv(1), d_qs(1), d_ql(1), d_items(items.size());
+  d_tables.upload(table);
+  d_ts.upload({0});
+  d_kv.upload({start + n});
+  d_qs.upload({0});
+  d_ql.upload({n});
+  d_items.upload(items);
+  AttentionArgs a;
+  a.q = B(d_q);
+  a.out = B(d_out);
+  a.kv = {B(d_cache), f.L, f.kvh, hd};
+  a.layer = f.layer;
+  a.num_heads = heads;
+  a.num_kv_heads = f.kvh;
+  a.head_dim = hd;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  a.seq_q_start = d_qs.get();
+  a.seq_q_len = d_ql.get();
+  a.seq_kv_len = d_kv.get();
+  a.seq_table_start = d_ts.get();
+  a.block_tables = d_tables.get();
+  a.prefill_items = d_items.get();
+  EXPECT_EQ(launch_prefill_attention(a, static_cast<int>(items.size() / 2), nullptr), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return to_f32(d_out.download());
+}
+
+TEST_F(CudaKernels, PrefillAttentionIsCausalMatchesReferenceAndIgnoresChunking) {
+  for (auto [heads, kvh, hd] : {std::tuple{16, 8, 128}, std::tuple{4, 2, 64}}) {
+    AttnFixture f{heads, kvh, hd};
+    f.blocks = 40;
+    const int total = 300;  // positions; chunks below cover [0, 300)
+    std::vector<int32_t> table(f.blocks);
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+    table.resize((total + 15) / 16);
+    const size_t cache_elems = static_cast<size_t>(f.blocks) * f.L * 2 * 16 * kvh * hd;
+    // Positions past the sequence stay NaN: the kernel must never let them in.
+    std::vector<uint16_t> cache(cache_elems, 0x7FC0);
+    auto filled = random_bf16(cache_elems, rng);
+    for (int p = 0; p < total; ++p)
+      for (int kind = 0; kind < 2; ++kind)
+        for (int i = 0; i < kvh * hd; ++i) {
+          const size_t at = f.kv_base(table[p / 16], kind) + (p % 16) * kvh * hd + i;
+          cache[at] = filled[at];
+        }
+    f.cache = to_f32(cache);
+    Bf16Array d_cache(cache_elems);
+    d_cache.upload(cache);
+    auto q = random_bf16(static_cast<size_t>(total) * heads * hd, rng, 2.0f);
+    const auto qf = to_f32(q);
+
+    // Prefix of 70 cached, then 230 new tokens at once; compare with the reference.
+    const auto whole = run_prefill(f, d_cache, table, q, 70, 230);
+    double worst = 0;
+    for (int i = 0; i < 230; i += 7)
+      for (int h = 0; h < heads; ++h) {
+        const auto want = attend_ref(f, table, &qf[(static_cast<size_t>(70 + i) * heads + h) * hd], h, 70 + i + 1);
+        std::vector<float> got(whole.begin() + (static_cast<size_t>(i) * heads + h) * hd,
+                               whole.begin() + (static_cast<size_t>(i) * heads + h + 1) * hd);
+        worst = std::max(worst, rel_err(got, want));
+      }
+    EXPECT_LT(worst, 2e-2) << "head_dim " << hd;
+    // The same rows computed as the chunk [150, 300): bit-identical.
+    const auto tail = run_prefill(f, d_cache, table, q, 150, 150);
+    const size_t row = static_cast<size_t>(heads) * hd;
+    EXPECT_TRUE(std::equal(tail.begin(), tail.end(), whole.begin() + 80 * row)) << "head_dim " << hd;
+  }
+}
+
+TEST_F(CudaKernels, SamplingMatchesTheEngineSampler) {
+  const int V = 151936, R = 48;
+  std::vector<float> logits(static_cast<size_t>(R) * V);
+  std::normal_distribution<float> d(0.0f, 3.0f);
+  for (auto& x : logits) x = d(rng);
+  // Row 0: ties at the max (lowest id wins), NaN and +inf handling in row 1.
+  logits[17] = logits[5] = 100.0f;
+  logits[V + 9] = std::numeric_limits<float>::quiet_NaN();
+  logits[V + 99] = std::numeric_limits<float>::infinity();
+  DeviceArray<float> d_logits(logits.size());
+  d_logits.upload(logits);
+
+  std::vector<SamplingRowParams> params(R);
+  std::vector<SamplingParams> host(R);
+  std::vector<int32_t> banned;
+  for (int r = 0; r < R; ++r) {
+    SamplingParams& p = host[r];
+    p.seed = 1000 + r;
+    switch (r % 8) {
+      case 0: p.temperature = 0.0; break;
+      case 1: p.temperature = 0.8; break;
+      case 2: p.temperature = 1.0; p.top_k = 50; break;
+      case 3: p.temperature = 0.7; p.top_p = 0.9; break;
+      case 4: p.temperature = 1.3; p.top_k = 200; p.top_p = 0.5; break;
+      case 5: p.temperature = 0.9; p.min_p = 0.05; break;
+      case 6: p.temperature = 2.0; p.top_p = 0.95; p.min_p = 0.01; break;
+      case 7: p.temperature = 0.6; p.top_k = 1; break;
+    }
+    SamplingRowParams& g = params[r];
+    g.temperature = p.temperature;
+    g.top_p = p.top_p;
+    g.top_k = p.top_k;
+    g.min_p = p.min_p;
+    g.uniform = to_unit_interval(request_draw(*p.seed, 3));
+    g.banned_begin = static_cast<int32_t>(banned.size());
+    if (r % 5 == 1) banned.push_back(7);
+    g.banned_end = static_cast<int32_t>(banned.size());
+  }
+  if (banned.empty()) banned.push_back(0);
+  DeviceArray<SamplingRowParams> d_params(R);
+  d_params.upload(params);
+  DeviceArray<int32_t> d_banned(banned.size()), d_tokens(R);
+  d_banned.upload(banned);
+  CUDA_OK(launch_sample_tokens(d_logits.get(), R, V, d_params.get(), d_banned.get(), d_tokens.get(), nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto tokens = d_tokens.download();
+  RandomGenerator unused(1);
+  int host_fallbacks = 0;
+  for (int r = 0; r < R; ++r) {
+    std::vector<float> row(logits.begin() + static_cast<size_t>(r) * V, logits.begin() + static_cast<size_t>(r + 1) * V);
+    for (int b = params[r].banned_begin; b < params[r].banned_end; ++b) row[banned[b]] = -std::numeric_limits<float>::infinity();
+    const int32_t want = sample(row, host[r], 3, unused);
+    if (tokens[r] == kSampleOnHost) {
+      ++host_fallbacks;
+      continue;
+    }
+    EXPECT_EQ(tokens[r], want) << "row " << r << " (case " << r % 8 << ")";
+  }
+  EXPECT_EQ(tokens[0], 5);
+  EXPECT_EQ(tokens[8], static_cast<int32_t>(std::max_element(logits.begin() + 8 * V, logits.begin() + 9 * V) -
+                                            (logits.begin() + 8 * V)));
+  // With logits of scale 3 over 152k ids, a 0.9 nucleus may exceed the sorted
+  // capacity; those rows are for the host, never a wrong token.
+  RecordProperty("host_fallbacks", host_fallbacks);
+}
+
+}  // namespace
+}  // namespace siesta::cuda
+
+#else
+
+TEST(CudaKernels, NotBuilt) { GTEST_SKIP() << "siesta was built without CUDA (nvcc not found)"; }
+
+#endif

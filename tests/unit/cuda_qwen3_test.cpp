@@ -1,0 +1,385 @@
+// The CUDA Qwen3 on the tiny model: Hugging Face's golden logits and greedy
+// continuations, agreement with the CPU reference, device sampling equal to
+// the engine sampler, graphs equal to eager launches, batch invariance in
+// --batch-invariant mode, long batches split into passes. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#if defined(SIESTA_HAVE_CUDA)
+
+#include <cuda_runtime.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <random>
+
+#include "common/thread_pool.h"
+#include "engine/random.h"
+#include "engine/sampler.h"
+#include "model/cpu/qwen3_cpu.h"
+#include "model/cuda/qwen3_cuda.h"
+#include "model/safetensors.h"
+
+namespace siesta {
+namespace {
+
+const std::filesystem::path kSource = SIESTA_SOURCE_DIR;
+const std::filesystem::path kModelDir = kSource / "models/tiny-qwen3";
+const std::filesystem::path kGolden = kSource / "tests/data/golden";
+
+struct Prompt {
+  std::vector<int32_t> ids;
+  std::vector<int32_t> greedy;
+};
+
+std::vector<Prompt> golden_prompts() {
+  std::ifstream f(kGolden / "tiny-qwen3_golden.json");
+  nlohmann::json j = nlohmann::json::parse(f);
+  std::vector<Prompt> out;
+  for (const auto& p : j["prompts"])
+    out.push_back({p["input_ids"].get<std::vector<int32_t>>(), p["greedy_24"].get<std::vector<int32_t>>()});
+  return out;
+}
+
+// A device KV cache, poisoned with NaN, handing out blocks in scrambled order.
+class DeviceCache {
+ public:
+  DeviceCache(CudaQwen3& model, int num_blocks, uint32_t seed = 7) : layout_(model.kv_layout()) {
+    auto buf = model.allocate_kv_cache(num_blocks);
+    EXPECT_TRUE(buf) << buf.error().message;
+    buf_ = std::move(*buf);
+    cudaMemset(buf_.data(), 0xFF, buf_.bytes());
+    free_.resize(num_blocks);
+    std::iota(free_.begin(), free_.end(), 0);
+    std::mt19937 rng(seed);
+    std::shuffle(free_.begin(), free_.end(), rng);
+    num_blocks_ = num_blocks;
+  }
+  KvCacheView view() { return {buf_.data(), num_blocks_, layout_}; }
+  void grow(std::vector<int32_t>& table, size_t tokens) {
+    while (table.size() * layout_.block_size < tokens) {
+      table.push_back(free_.back());
+      free_.pop_back();
+    }
+  }
+
+ private:
+  KvCacheLayout layout_;
+  cuda::DeviceBuffer buf_;
+  std::vector<int32_t> free_;
+  int num_blocks_ = 0;
+};
+
+double max_rel_err(std::span<const float> a, std::span<const float> b) {
+  double md = 0, mr = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i])) return INFINITY;
+    md = std::max(md, std::abs(static_cast<double>(a[i]) - b[i]));
+    mr = std::max(mr, std::abs(static_cast<double>(b[i])));
+  }
+  return md / mr;
+}
+
+// One sequence being generated.
+struct Gen {
+  std::vector<int32_t> pending;  // tokens not yet in the cache
+  std::vector<int32_t> table;
+  int32_t pos = 0;
+  std::vector<int32_t> out;
+};
+
+// One engine-like step over every sequence: each feeds its pending tokens and
+// gets one greedy token from the device. Returns the step's logits (per sequence).
+ForwardOutput step(CudaQwen3& m, DeviceCache& cache, std::vector<Gen*> seqs) {
+  std::vector<SequenceChunk> batch;
+  for (Gen* g : seqs) {
+    cache.grow(g->table, g->pos + g->pending.size());
+    batch.push_back({g->pending, g->pos, g->table, false});
+  }
+  std::vector<cuda::SamplingRow> rows(seqs.size());
+  SampledTokens st;
+  auto r = m.forward_sample(batch, cache.view(), rows, st, /*copy_logits=*/true);
+  EXPECT_TRUE(r) << r.error().message;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    seqs[i]->pos += static_cast<int32_t>(seqs[i]->pending.size());
+    seqs[i]->pending = {st.tokens[i]};
+    seqs[i]->out.push_back(st.tokens[i]);
+  }
+  return st.logits;
+}
+
+std::vector<int32_t> greedy(CudaQwen3& m, const std::vector<int32_t>& prompt, int n) {
+  DeviceCache cache(m, 64);
+  Gen g{prompt};
+  for (int i = 0; i < n; ++i) step(m, cache, {&g});
+  return g.out;
+}
+
+class CudaQwen3Test : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  }
+  std::unique_ptr<CudaQwen3> load(CudaModelOptions opt = {}) {
+    opt.max_batch_tokens = opt.max_batch_tokens == 8192 ? 1024 : opt.max_batch_tokens;
+    auto m = CudaQwen3::load(kModelDir, alloc_, opt);
+    EXPECT_TRUE(m) << m.error().message;
+    return m ? std::move(*m) : nullptr;
+  }
+  cuda::CudaMallocAllocator alloc_;
+};
+
+TEST_F(CudaQwen3Test, LogitsMatchHuggingFaceAtEveryPosition) {
+  auto m = load();
+  ASSERT_TRUE(m);
+  auto ref = TensorStore::open_file(kGolden / "tiny-qwen3_logits.safetensors");
+  ASSERT_TRUE(ref) << ref.error().message;
+  const auto prompts = golden_prompts();
+  const int64_t V = m->config().vocab_size;
+  double worst = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    DeviceCache cache(*m, 64);
+    std::vector<int32_t> table;
+    cache.grow(table, prompts[i].ids.size());
+    SequenceChunk seq{prompts[i].ids, 0, table, true};
+    ForwardOutput out;
+    ASSERT_TRUE(m->forward({&seq, 1}, cache.view(), out));
+    auto theirs = ref->get_f32("logits_" + std::to_string(i), {static_cast<int64_t>(prompts[i].ids.size()), V});
+    ASSERT_TRUE(theirs);
+    for (size_t p = 0; p < prompts[i].ids.size(); ++p) {
+      const double e = max_rel_err(out.row(0, p), std::span<const float>(theirs->data() + p * V, V));
+      worst = std::max(worst, e);
+      EXPECT_LE(e, 2e-2) << "prompt " << i << " position " << p;
+    }
+  }
+  std::cout << "[tiny] max relative logits error vs HF fp32: " << worst << "\n";
+  RecordProperty("max_rel_err_vs_hf_fp32", std::to_string(worst));
+}
+
+TEST_F(CudaQwen3Test, GreedyContinuationsMatchHuggingFace) {
+  auto m = load();
+  ASSERT_TRUE(m);
+  const auto prompts = golden_prompts();
+  int full = 0, first8 = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto ours = greedy(*m, prompts[i].ids, 24);
+    full += ours == prompts[i].greedy;
+    first8 += std::equal(ours.begin(), ours.begin() + 8, prompts[i].greedy.begin());
+  }
+  std::cout << "[tiny] greedy vs HF fp32: " << full << "/8 equal over 24 tokens, " << first8 << "/8 over 8\n";
+  EXPECT_GE(first8, 7);
+  EXPECT_GE(full, 6);
+}
+
+TEST_F(CudaQwen3Test, AgreesWithTheCpuReference) {
+  auto m = load();
+  ASSERT_TRUE(m);
+  ThreadPool pool(4);
+  auto cpu = CpuQwen3::load(kModelDir, pool);
+  ASSERT_TRUE(cpu) << cpu.error().message;
+  double worst = 0;
+  for (const auto& p : golden_prompts()) {
+    DeviceCache cache(*m, 64);
+    std::vector<int32_t> table;
+    cache.grow(table, p.ids.size());
+    SequenceChunk seq{p.ids, 0, table, true};
+    ForwardOutput gpu_out, cpu_out;
+    ASSERT_TRUE(m->forward({&seq, 1}, cache.view(), gpu_out));
+    std::vector<float> cpu_kv(64 * (*cpu)->kv_layout().block_elems());
+    ASSERT_TRUE((*cpu)->forward({&seq, 1}, KvCacheView{cpu_kv.data(), 64, (*cpu)->kv_layout()}, cpu_out));
+    worst = std::max(worst, max_rel_err(gpu_out.logits, cpu_out.logits));
+  }
+  std::cout << "[tiny] max relative logits error vs the CPU fp32 model: " << worst << "\n";
+  EXPECT_LE(worst, 2e-2);
+}
+
+TEST_F(CudaQwen3Test, DeviceSamplingEqualsTheEngineSamplerOnTheSameLogits) {
+  auto m = load();
+  ASSERT_TRUE(m);
+  const auto prompts = golden_prompts();
+  DeviceCache cache(*m, 256);
+  std::vector<Gen> gens;
+  for (int i = 0; i < 8; ++i) gens.push_back({prompts[i].ids});
+  std::vector<SamplingParams> params(8);
+  std::vector<cuda::SamplingRow> rows(8);
+  for (int i = 0; i < 8; ++i) {
+    params[i].seed = 77 + i;
+    params[i].temperature = 0.5 + 0.2 * i;
+    params[i].top_k = i % 2 ? 40 : 0;
+    params[i].top_p = i % 3 ? 0.8 : 1.0;
+    params[i].min_p = i == 5 ? 0.1 : 0.0;
+    rows[i] = {params[i].temperature, params[i].top_p, params[i].top_k, params[i].min_p, 0.0, {}};
+  }
+  RandomGenerator unused(1);
+  for (int s = 0; s < 6; ++s) {  // prefill (eager), then decode steps (graphs)
+    std::vector<SequenceChunk> batch;
+    for (auto& g : gens) {
+      cache.grow(g.table, g.pos + g.pending.size());
+      batch.push_back({g.pending, g.pos, g.table, false});
+    }
+    for (int i = 0; i < 8; ++i) rows[i].uniform = to_unit_interval(request_draw(*params[i].seed, s));
+    SampledTokens st;
+    ASSERT_TRUE(m->forward_sample(batch, cache.view(), rows, st, true));
+    ASSERT_TRUE(st.has_logits);
+    for (int i = 0; i < 8; ++i) {
+      const int32_t host = sample(st.logits.last(i), params[i], s, unused);
+      if (st.tokens[i] != cuda::kSampleOnHostToken) {
+        EXPECT_EQ(st.tokens[i], host) << "step " << s << " row " << i;
+      }
+      gens[i].pos += static_cast<int32_t>(gens[i].pending.size());
+      gens[i].pending = {host};
+    }
+  }
+}
+
+TEST_F(CudaQwen3Test, GraphReplaysGiveTheSameResultsAsEagerLaunches) {
+  auto with = load();
+  CudaModelOptions no_graphs;
+  no_graphs.cuda_graphs = false;
+  auto without = load(no_graphs);
+  ASSERT_TRUE(with && without);
+  const auto prompts = golden_prompts();
+  DeviceCache c1(*with, 128), c2(*without, 128);
+  std::vector<Gen> g1, g2;
+  for (int i = 0; i < 3; ++i) {
+    g1.push_back({prompts[i].ids});
+    g2.push_back({prompts[i].ids});
+  }
+  for (int s = 0; s < 10; ++s) {
+    auto l1 = step(*with, c1, {&g1[0], &g1[1], &g1[2]});
+    auto l2 = step(*without, c2, {&g2[0], &g2[1], &g2[2]});
+    ASSERT_EQ(l1.logits, l2.logits) << "step " << s;  // both small-batch paths: per-row identical
+  }
+  EXPECT_GT(with->num_graphs(), 0u);
+  EXPECT_EQ(without->num_graphs(), 0u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(g1[i].out, g2[i].out);
+}
+
+// Runs sequence A (prompt 0) for 12 steps, each step batched with `others`
+// more sequences (whose prompts start prefilling at different steps), and
+// returns A's logits at every step.
+std::vector<std::vector<float>> run_a_with_company(CudaQwen3& m, int others, int first_chunk) {
+  const auto prompts = golden_prompts();
+  DeviceCache cache(m, 1024, 11 + others);
+  Gen a;
+  std::vector<Gen> company(others);
+  for (int i = 0; i < others; ++i) company[i].pending = prompts[1 + i % 7].ids;
+  std::vector<std::vector<float>> logits;
+  std::vector<int32_t> prompt = prompts[0].ids;
+  for (int s = 0; s < 12; ++s) {
+    std::vector<Gen*> batch;
+    if (s == 0) {
+      // A's prompt, possibly in two chunks (the first one without logits).
+      if (first_chunk > 0) {
+        Gen head{std::vector<int32_t>(prompt.begin(), prompt.begin() + first_chunk)};
+        cache.grow(head.table, first_chunk);
+        SequenceChunk c{head.pending, 0, head.table, false};
+        ForwardOutput ignored;
+        EXPECT_TRUE(m.forward({&c, 1}, cache.view(), ignored));
+        a.table = head.table;
+        a.pos = first_chunk;
+        a.pending.assign(prompt.begin() + first_chunk, prompt.end());
+      } else {
+        a.pending = prompt;
+      }
+    }
+    batch.push_back(&a);
+    // Company joins a few at a time, so A's steps mix with prefills and decodes.
+    for (int i = 0; i < others; ++i)
+      if (i % 4 <= s) batch.push_back(&company[i]);
+    std::rotate(batch.begin(), batch.begin() + s % batch.size(), batch.end());  // A's row moves around
+    const auto out = step(m, cache, batch);
+    const size_t ai = std::find(batch.begin(), batch.end(), &a) - batch.begin();
+    logits.emplace_back(out.last(ai).begin(), out.last(ai).end());
+  }
+  return logits;
+}
+
+TEST_F(CudaQwen3Test, BatchInvariantModeGivesBitIdenticalLogitsWhateverTheBatch) {
+  CudaModelOptions opt;
+  opt.batch_invariant = true;
+  auto m = load(opt);
+  ASSERT_TRUE(m);
+  const auto alone = run_a_with_company(*m, 0, 0);
+  for (int others : {2, 16, 40}) {
+    const auto batched = run_a_with_company(*m, others, 0);
+    for (size_t s = 0; s < alone.size(); ++s) ASSERT_EQ(alone[s], batched[s]) << others << " others, step " << s;
+  }
+  // Prefill in two chunks: the same last-position logits and continuation.
+  const auto chunked = run_a_with_company(*m, 5, 9);
+  for (size_t s = 0; s < alone.size(); ++s) ASSERT_EQ(alone[s], chunked[s]) << "chunked prompt, step " << s;
+}
+
+TEST_F(CudaQwen3Test, DefaultModeVariesWithTheBatchOnlyByRounding) {
+  auto m = load();
+  ASSERT_TRUE(m);
+  const auto alone = run_a_with_company(*m, 0, 0);
+  const auto batched = run_a_with_company(*m, 40, 0);
+  // Compare while both runs fed A the same tokens (greedy = the argmax).
+  double worst = 0;
+  size_t identical = 0, compared = 0;
+  for (size_t s = 0; s < alone.size(); ++s) {
+    worst = std::max(worst, max_rel_err(batched[s], alone[s]));
+    identical += alone[s] == batched[s];
+    ++compared;
+    if (std::max_element(alone[s].begin(), alone[s].end()) - alone[s].begin() !=
+        std::max_element(batched[s].begin(), batched[s].end()) - batched[s].begin())
+      break;
+  }
+  std::cout << "[tiny] default mode, alone vs 40 others: max relative difference " << worst << ", " << identical
+            << "/" << compared << " steps bit-identical\n";
+  EXPECT_LE(worst, 2e-2);
+}
+
+TEST_F(CudaQwen3Test, BatchesLargerThanOnePassAreSplitTransparently) {
+  CudaModelOptions small;
+  small.max_batch_tokens = 48;
+  small.max_seqs = 3;
+  auto split = load(small);
+  auto whole = load();
+  ASSERT_TRUE(split && whole);
+  const auto prompts = golden_prompts();
+  DeviceCache c1(*split, 256), c2(*whole, 256);
+  std::vector<std::vector<int32_t>> t1(8), t2(8);
+  std::vector<SequenceChunk> b1, b2;
+  for (int i = 0; i < 8; ++i) {
+    c1.grow(t1[i], prompts[i].ids.size());
+    c2.grow(t2[i], prompts[i].ids.size());
+    b1.push_back({prompts[i].ids, 0, t1[i], i == 3});
+    b2.push_back({prompts[i].ids, 0, t2[i], i == 3});
+  }
+  ForwardOutput o1, o2;
+  ASSERT_TRUE(split->forward(b1, c1.view(), o1));
+  ASSERT_TRUE(whole->forward(b2, c2.view(), o2));
+  ASSERT_EQ(o1.num_rows, o2.num_rows);
+  EXPECT_EQ(o1.num_rows[3], prompts[3].ids.size());
+  EXPECT_LE(max_rel_err(o1.logits, o2.logits), 2e-2);
+}
+
+TEST_F(CudaQwen3Test, BadInputIsAnErrorNotAWrite) {
+  auto m = load();
+  ASSERT_TRUE(m);
+  DeviceCache cache(*m, 4);
+  const std::vector<int32_t> tokens = {1, 2, 3}, bad_table = {9};
+  SequenceChunk seq{tokens, 0, bad_table, false};
+  ForwardOutput out;
+  EXPECT_FALSE(m->forward({&seq, 1}, cache.view(), out));
+  KvCacheView f32_view = cache.view();
+  f32_view.layout.elem_bytes = 4;
+  const std::vector<int32_t> ok_table = {0};
+  SequenceChunk ok{tokens, 0, ok_table, false};
+  EXPECT_FALSE(m->forward({&ok, 1}, f32_view, out));
+  EXPECT_TRUE(m->forward({&ok, 1}, cache.view(), out));
+}
+
+}  // namespace
+}  // namespace siesta
+
+#else
+
+TEST(CudaQwen3Test, NotBuilt) { GTEST_SKIP() << "siesta was built without CUDA (nvcc not found)"; }
+
+#endif
