@@ -1,0 +1,56 @@
+// EngineOptions: how an Engine is built (model, KV cache size, scheduler
+// limits), and EngineLimits: the numbers it runs with once the model is known.
+//
+//   EngineOptions o;  o.model_dir = "models/tiny-qwen3";  o.max_num_seqs = 64;
+//   Result<EngineLimits> l = resolve_engine_limits(o, model.config(), model.kv_layout());
+//
+// The KV cache is sized by bytes (--kv-cache-memory-bytes, vLLM's flag; CPU
+// default kDefaultCpuKvCacheBytes) or by a block count that overrides it.
+// max_model_len defaults to the model's max_position_embeddings; when the KV
+// cache cannot hold that many tokens for one request, the default is lowered to
+// what fits (with a warning), while an explicit max_model_len that does not fit
+// is an error naming both numbers. A plain value; no threads involved.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "common/status.h"
+#include "model/config.h"
+#include "model/forward.h"
+
+namespace siesta {
+
+inline constexpr uint64_t kDefaultCpuKvCacheBytes = uint64_t{4} << 30;
+
+struct EngineOptions {
+  std::filesystem::path model_dir;
+  size_t threads = 0;                         // CPU threads for the model (0: all cores)
+  int32_t max_num_seqs = 256;                 // requests running at once
+  int32_t max_num_batched_tokens = 2048;      // tokens per step (prefill chunks + decodes)
+  std::optional<int32_t> max_model_len;       // prompt + output tokens of one request
+  std::optional<uint64_t> kv_cache_memory_bytes;
+  std::optional<int32_t> num_kv_blocks;       // overrides kv_cache_memory_bytes
+  bool enable_prefix_caching = true;
+  std::optional<uint64_t> seed;               // the generator of requests without a seed (default: random)
+};
+
+struct EngineLimits {
+  int32_t num_kv_blocks = 0;
+  int32_t block_size = kBlockSize;
+  uint64_t kv_cache_bytes = 0;                // num_kv_blocks * bytes per block
+  int32_t max_model_len = 0;
+  int32_t max_num_seqs = 0;
+  int32_t max_num_batched_tokens = 0;
+  int32_t vocab_size = 0;
+  bool enable_prefix_caching = true;
+};
+
+// Checks the options against the model and sizes the KV cache. Errors name
+// the option, its value and what would work.
+Result<EngineLimits> resolve_engine_limits(const EngineOptions& options, const ModelConfig& config,
+                                           const KvCacheLayout& layout);
+
+}  // namespace siesta
