@@ -6,6 +6,7 @@ into bench/results/transfer_bandwidth.png (needs gnuplot: Debian gnuplot-nox).
 
   bench/transfer_bench.py --siesta build/bin/siesta [--cases ipc_host_write,ucx_tcp_write]
                           [--sizes 4K,64K,1M,16M,64M] [--batch 4]
+  bench/transfer_bench.py --plot-only --cases ...   # redraw from bench/results
 """
 import argparse
 import datetime
@@ -90,6 +91,13 @@ def run_case(siesta, name, sizes, batch):
     }
 
 
+def human(b):
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if b % (1 << shift) == 0:
+            return f"{b >> shift}{unit}"
+    return str(b)
+
+
 def plot(docs, out):
     gnuplot = shutil.which("gnuplot")
     if not gnuplot:
@@ -97,6 +105,7 @@ def plot(docs, out):
         return
     tmp = tempfile.mkdtemp()
     lines = []
+    sizes = sorted({row["bytes"] for doc in docs for row in doc["results"]})
     for i, doc in enumerate(docs):
         path = os.path.join(tmp, f"{doc['case']}.dat")
         with open(path, "w") as f:
@@ -104,20 +113,24 @@ def plot(docs, out):
                 f.write(f"{row['bytes']} {row['gb_per_s']} {row['limit_gb_per_s']}\n")
         color = i + 1
         title = doc["case"].replace("_", " ")
-        lines.append(f"'{path}' using 1:2 with linespoints lw 2 pt 7 lc {color} title '{title}'")
-        lines.append(f"'{path}' using 1:3 with lines dt 2 lw 1 lc {color} title '{title}: limit'")
+        # The engine: thick line, filled dots. Its limit: thin line, open circles.
+        lines.append(f"'{path}' using 1:2 with linespoints lw 3 pt 7 ps 1.2 lc {color} title '{title}'")
+        lines.append(f"'{path}' using 1:3 with linespoints lw 1 pt 6 ps 1.2 lc {color} title '{title}: limit'")
+    xtics = ", ".join(f'"{human(b)}" {b}' for b in sizes)
     host = docs[0]["machine"]
+    batch = docs[0]["results"][0]["batch"]
     script = f"""
-set terminal png size 1000,640 font ',11'
+set terminal png size 1100,640 font ',11'
 set output '{out}'
-set title 'siesta transfer engine: bandwidth vs entry size ({host["cpus"]} CPUs, {host["cpu"]}; dashed: limit in the same run)'
+set title "siesta transfer engine between two processes: bandwidth vs entry size\\n{host['cpus']} CPUs ({host['cpu']}), {batch} entries per transfer; open circles: the limit measured in the same run"
 set logscale x 2
 set logscale y 10
-set xlabel 'entry size (bytes; batch of {docs[0]["results"][0]["batch"]} entries per transfer)'
+set xrange [{sizes[0] / 1.6}:{sizes[-1] * 1.6}]
+set xtics ({xtics})
+set xlabel 'entry size'
 set ylabel 'GB/s'
-set format x '%.0s%cB'
 set grid
-set key left top
+set key outside right top
 plot {', '.join(lines)}
 """
     subprocess.run([gnuplot], input=script, text=True, check=True)
@@ -127,13 +140,22 @@ plot {', '.join(lines)}
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--siesta", required=True, help="path of the siesta executable")
+    ap.add_argument("--siesta", help="path of the siesta executable")
     ap.add_argument("--cases", default=DEFAULT_CASES, help="comma separated: " + ",".join(CASES))
     ap.add_argument("--sizes", default="4K,64K,1M,16M,64M")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--plot", default=os.path.join(RESULTS, "transfer_bandwidth.png"))
+    ap.add_argument("--plot-only", action="store_true", help="plot the committed results of --cases, run nothing")
     a = ap.parse_args()
     docs = []
+    if a.plot_only:
+        for name in a.cases.split(","):
+            with open(os.path.join(RESULTS, f"transfer_{name}.json")) as f:
+                docs.append(json.load(f))
+        plot(docs, a.plot)
+        return
+    if not a.siesta:
+        ap.error("--siesta is required unless --plot-only")
     for name in a.cases.split(","):
         doc = run_case(a.siesta, name, a.sizes, a.batch)
         with open(os.path.join(RESULTS, f"transfer_{name}.json"), "w") as f:

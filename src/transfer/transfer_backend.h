@@ -64,7 +64,8 @@ using XferDone = std::function<void(Ok)>;
 class BackendPeer {
  public:
   virtual ~BackendPeer() = default;
-  // Starts moving the bytes of `plan`; never blocks on the network.
+  // Starts moving the bytes of `plan`; never blocks on the network. A small
+  // local copy may complete (and call `done`) before post() returns.
   virtual void post(XferPlan plan, XferDone done) = 0;
   // Waits (until `deadline`) for this peer's posted plans to finish, then
   // unmaps, deregisters and closes everything imported from the peer. Later

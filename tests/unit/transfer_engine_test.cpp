@@ -452,6 +452,20 @@ TEST_P(TransferTwoProcess, InvalidateAckDeregisterThenNewEpochHandshake) {
   EXPECT_EQ(0, std::memcmp(actual.data(), expected.data(), expected.size()));
 }
 
+TEST_P(TransferTwoProcess, InvalidateReportsFetchersThatDidNotAnswer) {
+  // A second engine fetches the peer's metadata, then goes away without a word.
+  {
+    auto bystander = TransferEngine::create(config_for(GetParam(), fmt::format("bystander-{}", getpid())));
+    ASSERT_TRUE(bystander) << bystander.error().message;
+    MemfdBuffer memory(4096, "siesta-test-bystander");
+    ASSERT_TRUE((*bystander)->register_region(memory.spec()));
+    ASSERT_TRUE((*bystander)->connect(peer_.address, deadline_after(10000ms)));
+  }
+  auto start = Clock::now();
+  EXPECT_EQ(command("invalidate"), fmt::format("acked={}, unanswered=1", engine_->engine_id()));
+  EXPECT_LT(Clock::now() - start, 3000ms) << "a closed listener must not cost the whole deadline";
+}
+
 TEST_P(TransferTwoProcess, DeregisteredWithoutInvalidationFailsAndPutsPeerInError) {
   ASSERT_TRUE(run(XferOp::kWrite, {XferEntry{local_id_, 0, remote_[0], 0, 4096}}).done());
   std::memcpy(mirror_[0].data(), local_->data, 4096);

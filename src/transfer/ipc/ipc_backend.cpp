@@ -325,16 +325,19 @@ Result<std::shared_ptr<BackendPeer>> IpcBackend::connect(const EngineMeta& meta,
 
 // --- copies -----------------------------------------------------------------
 
-void IpcBackend::enqueue_copy(std::function<void(bool)> copy) {
+void IpcBackend::enqueue_copy(std::function<void(bool)> copy, bool small) {
+  bool stopping = false;
   {
     std::lock_guard<std::mutex> lock(copy_mu_);
-    if (!stopping_) {
+    stopping = stopping_;
+    bool inline_copy = small && copies_.empty() && !copying_;
+    if (!stopping && !inline_copy) {
       copies_.push_back(std::move(copy));
       copy_cv_.notify_one();
       return;
     }
   }
-  copy(true);
+  copy(stopping);
 }
 
 void IpcBackend::copy_loop() {
@@ -345,10 +348,12 @@ void IpcBackend::copy_loop() {
     auto copy = std::move(copies_.front());
     copies_.pop_front();
     bool stopping = stopping_;
+    copying_ = true;
     lock.unlock();
     copy(stopping);
     copy = nullptr;  // drop the peer reference outside the lock
     lock.lock();
+    copying_ = false;
   }
 }
 

@@ -46,8 +46,10 @@ class IpcBackend final : public TransferBackend {
   Result<std::shared_ptr<BackendPeer>> connect(const EngineMeta& meta, Deadline deadline) override;
 
   // Runs `copy` on the copy thread; `stopping` is true when the backend is
-  // being destroyed and the copy must only report failure.
-  void enqueue_copy(std::function<void(bool stopping)> copy);
+  // being destroyed and the copy must only report failure. A `small` copy
+  // runs on the caller's thread instead when the copy thread is idle: two
+  // thread hand-offs cost more than copying a few pages.
+  void enqueue_copy(std::function<void(bool stopping)> copy, bool small);
 
  private:
   struct Export {
@@ -79,6 +81,7 @@ class IpcBackend final : public TransferBackend {
   std::condition_variable copy_cv_;
   std::deque<std::function<void(bool)>> copies_;
   bool stopping_ = false;
+  bool copying_ = false;  // the copy thread is running a copy
   std::thread copy_thread_;
 };
 

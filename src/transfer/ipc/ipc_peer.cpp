@@ -12,6 +12,12 @@
 
 namespace siesta::transfer::ipc {
 
+namespace {
+// Host copies up to this size run on the submitting thread when the copy
+// thread is idle (IpcBackend::enqueue_copy).
+constexpr uint64_t kInlineCopyBytes = 256u << 10;
+}  // namespace
+
 IpcPeer::IpcPeer(IpcBackend& backend, EngineMeta meta, int sock, const uint64_t* table, size_t table_bytes,
                  std::vector<ImportedRegion> regions, int cuda_device)
     : backend_(backend),
@@ -54,6 +60,13 @@ void IpcPeer::post(XferPlan plan, XferDone done) {
     }
     ++in_flight_;
   }
+  uint64_t bytes = 0;
+  bool cuda = false;
+  for (const XferSegment& s : plan.segments) {
+    bytes += s.bytes;
+    cuda = cuda || s.local_kind == MemoryKind::kCuda || regions_[s.remote_index].kind == MemoryKind::kCuda;
+  }
+  bool small = !cuda && bytes <= kInlineCopyBytes;
   auto self = shared_from_this();
   backend_.enqueue_copy([self, plan = std::move(plan), done = std::move(done)](bool stopping) {
     Ok result = stopping ? Ok(unavailable("the transfer engine is shutting down")) : self->execute(plan);
@@ -62,7 +75,7 @@ void IpcPeer::post(XferPlan plan, XferDone done) {
       if (--self->in_flight_ == 0) self->idle_cv_.notify_all();
     }
     done(std::move(result));
-  });
+  }, small);
 }
 
 Ok IpcPeer::release(Deadline deadline) {
