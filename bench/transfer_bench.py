@@ -6,7 +6,8 @@ into bench/results/transfer_bandwidth.png (needs gnuplot: Debian gnuplot-nox).
 
   bench/transfer_bench.py --siesta build/bin/siesta [--cases ipc_host_write,ucx_tcp_write]
                           [--sizes 4K,64K,1M,16M,64M] [--batch 4]
-  bench/transfer_bench.py --plot-only --cases ...   # redraw from bench/results
+  bench/transfer_bench.py --plot-only --cases ... [--suffix _h200]   # redraw from bench/results
+SIESTA_COMMIT overrides the commit recorded (for runs outside a git checkout).
 """
 import argparse
 import datetime
@@ -29,6 +30,8 @@ CASES = {
                       "memcpy in one process, one thread, same bytes"),
     "ipc_cuda_write": (["--backend", "ipc", "--memory", "cuda", "--op", "write"],
                        "cudaMemcpy device-to-device in one process, same bytes"),
+    "ipc_cuda_read": (["--backend", "ipc", "--memory", "cuda", "--op", "read"],
+                      "cudaMemcpy device-to-device in one process, same bytes"),
     "ucx_tcp_write": (["--backend", "ucx", "--op", "write", "--ucx-transports", "tcp", "--ucx-net-devices", "lo"],
                       "raw UCX put loop (ucp_put_nbx + flush), same transports, same bytes"),
     "ucx_sm_write": (["--backend", "ucx", "--op", "write", "--ucx-transports", "sm,self", "--ucx-net-devices", "",
@@ -63,6 +66,8 @@ def machine():
 
 
 def commit():
+    if os.environ.get("SIESTA_COMMIT"):
+        return os.environ["SIESTA_COMMIT"]
     r = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True)
     return r.stdout.strip() or "unknown"
 
@@ -144,13 +149,16 @@ def main():
     ap.add_argument("--cases", default=DEFAULT_CASES, help="comma separated: " + ",".join(CASES))
     ap.add_argument("--sizes", default="4K,64K,1M,16M,64M")
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--plot", default=os.path.join(RESULTS, "transfer_bandwidth.png"))
+    ap.add_argument("--results", default=RESULTS, help="folder of the result files")
+    ap.add_argument("--suffix", default="", help="appended to result file names (e.g. _h200)")
+    ap.add_argument("--plot", help="PNG to write (default: <results>/transfer_bandwidth<suffix>.png)")
     ap.add_argument("--plot-only", action="store_true", help="plot the committed results of --cases, run nothing")
     a = ap.parse_args()
+    a.plot = a.plot or os.path.join(a.results, f"transfer_bandwidth{a.suffix}.png")
     docs = []
     if a.plot_only:
         for name in a.cases.split(","):
-            with open(os.path.join(RESULTS, f"transfer_{name}.json")) as f:
+            with open(os.path.join(a.results, f"transfer_{name}{a.suffix}.json")) as f:
                 docs.append(json.load(f))
         plot(docs, a.plot)
         return
@@ -158,7 +166,7 @@ def main():
         ap.error("--siesta is required unless --plot-only")
     for name in a.cases.split(","):
         doc = run_case(a.siesta, name, a.sizes, a.batch)
-        with open(os.path.join(RESULTS, f"transfer_{name}.json"), "w") as f:
+        with open(os.path.join(a.results, f"transfer_{name}{a.suffix}.json"), "w") as f:
             json.dump(doc, f, indent=2, sort_keys=True)
             f.write("\n")
         docs.append(doc)

@@ -4,7 +4,8 @@
 // open as a liveness signal (it closes when the peer process exits).
 //
 // post() queues a copy on the backend's copy thread (host copies up to 256 KiB
-// run on the caller's thread when that one is idle): check the peer is alive
+// and CUDA copies up to 64 MiB run on the caller's thread when the copy thread
+// is idle, which saves two thread hand-offs): check the peer is alive
 // and every remote region is live at our descriptor's epoch, copy (memcpy,
 // or cudaMemcpyAsync when either side is CUDA memory), check again.
 // release() waits for queued copies, then unmaps and closes everything.
