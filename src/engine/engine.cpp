@@ -7,6 +7,8 @@
 #include "common/log.h"
 #include "common/thread_pool.h"
 #include "engine/engine_step.h"
+#include "memory/host_backend.h"
+#include "memory/process_memory.h"
 #include "model/cpu/qwen3_cpu.h"
 
 namespace siesta {
@@ -72,11 +74,16 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options, std
   auto tok = Tokenizer::load(options.model_dir);
   if (!tok) return tok.error().with_context("loading the tokenizer from " + options.model_dir.string());
   auto threads = std::make_unique<ThreadPool>(options.threads);
-  auto model = CpuQwen3::load(options.model_dir, *threads);
+  // Every byte the engine owns comes from this pool (src/memory); the CPU
+  // engine uses the host backend.
+  auto backend = memory::make_host_backend();
+  if (!backend) return backend.error().with_context("creating the engine's memory pool");
+  auto memory = std::make_unique<memory::MemoryPool>(std::move(*backend));
+  auto model = CpuQwen3::load(options.model_dir, *threads, *memory, std::max(0, options.max_num_batched_tokens));
   if (!model) return model.error().with_context("loading the model from " + options.model_dir.string());
   const KvCacheLayout layout = (*model)->kv_layout();
   SIESTA_ASSIGN_OR_RETURN(EngineLimits limits, resolve_engine_limits(options, (*model)->config(), layout));
-  SIESTA_ASSIGN_OR_RETURN(KvCacheMemory kv, KvCacheMemory::allocate(layout, limits.num_kv_blocks));
+  SIESTA_ASSIGN_OR_RETURN(KvCacheMemory kv, KvCacheMemory::allocate(*memory, layout, limits.num_kv_blocks));
   auto pool = std::make_unique<BlockPool>(limits.num_kv_blocks, limits.enable_prefix_caching);
   SchedulerOptions so;
   so.max_num_seqs = limits.max_num_seqs;
@@ -87,22 +94,31 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options, std
   so.eos_token_ids = (*model)->config().eos_token_ids;
   SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, Scheduler::create(so, *pool));
   SIESTA_LOG_INFO("engine: {} KV blocks of {} tokens ({} bytes), max_model_len {}, max_num_seqs {}, "
-                  "max_num_batched_tokens {}, prefix caching {}",
+                  "max_num_batched_tokens {}, prefix caching {}, sleep mode {}",
                   limits.num_kv_blocks, limits.block_size, limits.kv_cache_bytes, limits.max_model_len,
-                  limits.max_num_seqs, limits.max_num_batched_tokens, limits.enable_prefix_caching ? "on" : "off");
-  return std::unique_ptr<Engine>(new Engine(options, limits, std::move(*tok), std::move(threads), std::move(*model),
-                                            std::move(kv), std::move(pool), std::move(scheduler),
-                                            std::move(connector)));
+                  limits.max_num_seqs, limits.max_num_batched_tokens, limits.enable_prefix_caching ? "on" : "off",
+                  options.enable_sleep_mode ? "on" : "off");
+  SIESTA_LOG_INFO("engine: memory pool on {}: weights {}, KV cache {}, scratch {}", memory->backend().description(),
+                  memory::format_bytes((*model)->weights_bytes()), memory::format_bytes(kv.allocation().bytes),
+                  memory::format_bytes((*model)->scratch_bytes()));
+  CpuQwen3* cpu_model = model->get();
+  WeightsLoader load_weights = [cpu_model](const std::filesystem::path& dir) { return cpu_model->reload_weights(dir); };
+  return std::unique_ptr<Engine>(new Engine(options, limits, std::move(*tok), std::move(threads), std::move(memory),
+                                            std::move(*model), std::move(load_weights), std::move(kv),
+                                            std::move(pool), std::move(scheduler), std::move(connector)));
 }
 
 Engine::Engine(EngineOptions options, EngineLimits limits, Tokenizer tokenizer, std::unique_ptr<ThreadPool> threads,
-               std::unique_ptr<Model> model, KvCacheMemory kv, std::unique_ptr<BlockPool> pool,
-               std::unique_ptr<Scheduler> scheduler, std::unique_ptr<KvConnector> connector)
+               std::unique_ptr<memory::MemoryPool> memory, std::unique_ptr<Model> model, WeightsLoader load_weights,
+               KvCacheMemory kv, std::unique_ptr<BlockPool> pool, std::unique_ptr<Scheduler> scheduler,
+               std::unique_ptr<KvConnector> connector)
     : options_(std::move(options)),
       limits_(limits),
       tokenizer_(std::move(tokenizer)),
       threads_(std::move(threads)),
+      memory_(std::move(memory)),
       model_(std::move(model)),
+      load_weights_(std::move(load_weights)),
       kv_(std::move(kv)),
       pool_(std::move(pool)),
       scheduler_(std::move(scheduler)),
@@ -114,7 +130,8 @@ Engine::Engine(EngineOptions options, EngineLimits limits, Tokenizer tokenizer, 
                  inbox_->live_ids.erase(id);
                }),
       connector_(std::move(connector)),
-      inbox_(std::make_shared<EngineInbox>()) {
+      inbox_(std::make_shared<EngineInbox>()),
+      weights_dir_(options_.model_dir) {
   publish_metrics();
   loop_ = std::thread([this] { run_loop(); });
 }
@@ -176,6 +193,13 @@ Result<OutputStream> Engine::submit(std::vector<EngineRequest> requests) {
     if (inbox_->stopping) return unavailable("the engine is shutting down");
     for (const RequestId& id : ids)
       if (inbox_->live_ids.count(id)) return conflict("request id '" + id + "' is already in use");
+    const EngineState state = state_.load();
+    const size_t limit = static_cast<size_t>(options_.max_held_requests);
+    if (!engine_admits(state) && inbox_->submissions.size() + ids.size() > limit)
+      return unavailable("the engine is " + std::string(engine_state_name(state)) + " and " +
+                         std::to_string(inbox_->submissions.size()) + " requests already wait for it (limit " +
+                         std::to_string(limit) + ", --max-held-requests); retry after " +
+                         (engine_is_sleeping(state) || state == EngineState::kPausedKvReleased ? "wake_up" : "resume"));
     for (size_t i = 0; i < requests.size(); ++i) {
       inbox_->live_ids.insert(ids[i]);
       inbox_->submissions.push_back(EngineSubmission{std::move(requests[i]), stream, i, now});
@@ -188,7 +212,7 @@ Result<OutputStream> Engine::submit(std::vector<EngineRequest> requests) {
 
 void Engine::abort(const RequestId& id) { inbox_->abort({id}); }
 
-Result<void> Engine::run_on_loop(std::function<Result<void>()> fn, Deadline deadline) {
+Result<void> Engine::run_on_loop(std::function<Result<void>()> fn, Deadline deadline) const {
   auto result = std::make_shared<CommandResult>();
   {
     std::lock_guard<std::mutex> lock(inbox_->mu);
@@ -207,59 +231,364 @@ Result<void> Engine::run_on_loop(std::function<Result<void>()> fn, Deadline dead
   return result->result;
 }
 
-void Engine::set_state(EngineEvent event) {
+Result<EngineState> Engine::transition(EngineEvent event) {
   std::lock_guard<std::mutex> lock(state_mu_);
-  auto next = next_engine_state(state_.load(), event);
-  if (!next) {
-    SIESTA_LOG_ERROR("engine: {}", next.error().message);
-    return;
-  }
-  if (*next != state_.load())
-    SIESTA_LOG_INFO("engine: {} -> {}", engine_state_name(state_.load()), engine_state_name(*next));
+  const EngineState from = state_.load();
+  auto next = next_engine_state(from, event);
+  if (!next) return next.error();
+  if (*next != from) SIESTA_LOG_INFO("engine: {} -> {} ({})", engine_state_name(from), engine_state_name(*next),
+                                     engine_event_name(event));
   state_.store(*next);
   state_cv_.notify_all();
+  return *next;
 }
 
-Result<void> Engine::pause(PauseMode mode, Deadline deadline) {
-  SIESTA_TRY(run_on_loop(
-      [this, mode]() -> Result<void> {
-        switch (mode) {
-          case PauseMode::kAbort:
-            abort_all(std::nullopt);
-            set_state(EngineEvent::kPauseNow);
-            break;
-          case PauseMode::kKeep: {
-            const int32_t n = scheduler_->preempt_all();
-            if (n > 0) SIESTA_LOG_INFO("engine: pause keeps {} running requests; they recompute after resume", n);
-            set_state(EngineEvent::kPauseNow);
-            break;
-          }
-          case PauseMode::kWait:
-            set_state(scheduler_->has_unfinished() ? EngineEvent::kPauseWhenDrained : EngineEvent::kPauseNow);
-            break;
-        }
-        return {};
-      },
-      deadline));
-  std::unique_lock<std::mutex> lock(state_mu_);
-  if (!state_cv_.wait_until(lock, deadline, [&] { return state_.load() == EngineState::kPaused; }))
-    return timeout("pause(wait): requests are still running at the deadline; the engine stays draining "
-                   "(call pause again to keep waiting, or resume)");
-  return {};
+Result<void> Engine::require_sleep_mode(const char* call) const {
+  if (options_.enable_sleep_mode) return {};
+  return invalid_argument(std::string(call) +
+                          " needs sleep mode, which is off; start siesta serve with --enable-sleep-mode");
 }
 
-Result<void> Engine::resume(Deadline deadline) {
-  return run_on_loop(
-      [this]() -> Result<void> {
-        set_state(EngineEvent::kResume);
+namespace {
+
+// Serialises lifecycle calls, with the caller's deadline.
+Result<std::unique_lock<std::timed_mutex>> lock_lifecycle(std::timed_mutex& mu, Deadline deadline, const char* call) {
+  std::unique_lock<std::timed_mutex> lock(mu, std::defer_lock);
+  if (!lock.try_lock_until(deadline))
+    return timeout(std::string(call) + ": another lifecycle call (pause, sleep, wake_up, ...) was still running at "
+                   "the deadline; try again");
+  return lock;
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void add(memory::TagBytes& into, const memory::TagBytes& bytes) {
+  for (size_t i = 0; i < memory::kNumTags; ++i) into[i] += bytes[i];
+}
+
+}  // namespace
+
+EngineStatus Engine::status() const {
+  EngineStatus s;
+  s.state = state_.load();
+  s.resident = memory_->resident_tags();
+  for (memory::Tag t : memory::kAllTags)
+    if (!s.resident.contains(t)) s.not_resident.insert(t);
+  {
+    std::lock_guard<std::mutex> lock(weights_mu_);
+    s.weights_loaded = weights_loaded_;
+    s.weights_dir = weights_dir_.string();
+  }
+  {
+    std::lock_guard<std::mutex> lock(inbox_->mu);
+    s.held_requests = static_cast<int32_t>(inbox_->submissions.size());
+  }
+  const EngineMetricsSnapshot m = metrics_.snapshot();
+  s.running_requests = m.num_requests_running;
+  s.waiting_requests = m.num_requests_waiting;
+  return s;
+}
+
+EngineMemoryReport Engine::memory_report(Deadline deadline) const {
+  EngineMemoryReport r;
+  r.pool = memory_->usage();
+  if (auto rss = memory::process_resident_bytes()) r.process_resident_bytes = *rss;
+  r.backend = memory_->backend().kind();
+  // The backend belongs to the loop thread; ask it there.
+  std::optional<memory::DeviceMemoryInfo> device;
+  std::string description;
+  auto asked = run_on_loop(
+      [this, &device, &description]() -> Result<void> {
+        description = memory_->backend().description();
+        if (auto info = memory_->backend().memory_info()) device = *info;
         return {};
       },
       deadline);
+  if (asked) {
+    r.device = device;
+    r.backend_description = std::move(description);
+  }
+  return r;
 }
 
-Result<void> Engine::reset_prefix_cache(bool reset_running_requests, Deadline deadline) {
-  return run_on_loop([this, reset_running_requests] { return scheduler_->reset_prefix_cache(reset_running_requests); },
-                     deadline);
+Result<EngineStatus> Engine::pause(PauseMode mode, Deadline deadline) {
+  SIESTA_ASSIGN_OR_RETURN(auto lock, lock_lifecycle(lifecycle_mu_, deadline, "pause"));
+  SIESTA_TRY(run_on_loop([this, mode] { return pause_on_loop(mode); }, deadline));
+  std::unique_lock<std::mutex> state_lock(state_mu_);
+  if (!state_cv_.wait_until(state_lock, deadline, [&] { return !engine_schedules(state_.load()); }))
+    return timeout("pause(wait): requests are still running at the deadline; the engine stays draining "
+                   "(call pause again to keep waiting, or resume)");
+  state_lock.unlock();
+  return status();
+}
+
+Result<void> Engine::pause_on_loop(PauseMode mode) {
+  switch (mode) {
+    case PauseMode::kAbort:
+      abort_all(std::nullopt);
+      SIESTA_TRY(transition(EngineEvent::kPauseNow));
+      return {};
+    case PauseMode::kKeep: {
+      const int32_t n = scheduler_->preempt_all();
+      if (n > 0) SIESTA_LOG_INFO("engine: pause keeps {} running requests; they recompute after resume", n);
+      SIESTA_TRY(transition(EngineEvent::kPauseNow));
+      return {};
+    }
+    case PauseMode::kWait:
+      SIESTA_TRY(transition(scheduler_->has_unfinished() ? EngineEvent::kPauseWhenDrained : EngineEvent::kPauseNow));
+      return {};
+  }
+  return {};
+}
+
+Result<EngineStatus> Engine::resume(Deadline deadline) {
+  SIESTA_ASSIGN_OR_RETURN(auto lock, lock_lifecycle(lifecycle_mu_, deadline, "resume"));
+  SIESTA_TRY(run_on_loop(
+      [this]() -> Result<void> {
+        SIESTA_TRY(transition(EngineEvent::kResume));
+        return {};
+      },
+      deadline));
+  return status();
+}
+
+Result<EngineStatus> Engine::reset_prefix_cache(bool reset_running_requests, Deadline deadline) {
+  SIESTA_ASSIGN_OR_RETURN(auto lock, lock_lifecycle(lifecycle_mu_, deadline, "reset_prefix_cache"));
+  SIESTA_TRY(run_on_loop([this, reset_running_requests] { return scheduler_->reset_prefix_cache(reset_running_requests); },
+                         deadline));
+  return status();
+}
+
+Result<EngineStatus> Engine::sleep(int level, PauseMode mode, Deadline deadline) {
+  SIESTA_TRY(require_sleep_mode("sleep"));
+  if (level < 0 || level > 2)
+    return invalid_argument("sleep level must be 0 (pause only), 1 (offload weights, release the rest) or 2 "
+                            "(release everything), got " + std::to_string(level));
+  SIESTA_ASSIGN_OR_RETURN(auto lock, lock_lifecycle(lifecycle_mu_, deadline, "sleep"));
+  const Clock::time_point start = Clock::now();
+  // Stop scheduling first, as pause(mode) does; a stopped engine stays as it is.
+  if (engine_schedules(state_.load())) {
+    SIESTA_TRY(run_on_loop([this, mode] { return pause_on_loop(mode); }, deadline));
+    std::unique_lock<std::mutex> state_lock(state_mu_);
+    if (!state_cv_.wait_until(state_lock, deadline, [&] { return !engine_schedules(state_.load()); }))
+      return timeout("sleep (mode wait): requests are still running at the deadline; nothing was released and the "
+                     "engine stays draining (call sleep again to keep waiting, or use mode keep)");
+  }
+  EngineCallReport report;
+  SIESTA_TRY(run_on_loop([this, level, deadline, &report] { return sleep_on_loop(level, deadline, report); },
+                         deadline));
+  EngineStatus s = status();
+  report.seconds = seconds_since(start);
+  s.call = std::move(report);
+  return s;
+}
+
+Result<void> Engine::sleep_on_loop(int level, Deadline deadline, EngineCallReport& report) {
+  const EngineState from = state_.load();
+  EngineEvent event = level == 0 ? EngineEvent::kSleepLevel0
+                      : level == 1 ? EngineEvent::kSleepLevel1 : EngineEvent::kSleepLevel2;
+  SIESTA_TRY(next_engine_state(from, event));  // refused calls change nothing
+  if (level == 0) {
+    SIESTA_TRY(transition(event));
+    return {};
+  }
+
+  SIESTA_TRY(prepare_kv_release(deadline));
+  bool weights_loaded = false;
+  {
+    std::lock_guard<std::mutex> lock(weights_mu_);
+    weights_loaded = weights_loaded_;
+  }
+  // Level 1 keeps the weights in host memory; weights that hold no checkpoint
+  // (woken after level 2, not reloaded) are not worth copying: that is level 2.
+  memory::TagSet offload;
+  if (level == 1 && weights_loaded) offload.insert(memory::Tag::kWeights);
+  if (level == 1 && !weights_loaded) {
+    SIESTA_LOG_INFO("engine: sleep level 1 with weights that hold no checkpoint: releasing them (level 2)");
+    event = EngineEvent::kSleepLevel2;
+  }
+  auto slept = memory_->sleep(offload);
+  note_weights_released();
+  if (!slept) {
+    // The pool copies before it releases anything; whatever it did release
+    // must not be scheduled on: say the engine sleeps, and let the caller retry.
+    if (memory_->resident_tags() != memory::TagSet::all()) (void)transition(EngineEvent::kSleepLevel2);
+    return slept.error().with_context("sleep level " + std::to_string(level));
+  }
+  add(report.released_bytes, slept->released_bytes);
+  add(report.offloaded_bytes, slept->offloaded_bytes);
+  if (level == 2) {
+    // Host copies from an earlier level-1 sleep go too.
+    auto dropped = memory_->discard(memory::TagSet::all());
+    if (!dropped) return dropped.error().with_context("sleep level 2: dropping the host copy of the weights");
+    report.discarded_bytes = *dropped;
+    note_weights_released();
+  }
+  SIESTA_LOG_INFO("engine: sleep level {}: released {} ({} copied to host first) in {:.3f} s + {:.3f} s", level,
+                  memory::format_bytes(memory::sum(slept->released_bytes)),
+                  memory::format_bytes(memory::sum(slept->offloaded_bytes)), slept->offload_seconds,
+                  slept->release_seconds);
+  SIESTA_TRY(transition(event));
+  return {};
+}
+
+Result<EngineStatus> Engine::wake_up(memory::TagSet tags, Deadline deadline) {
+  SIESTA_ASSIGN_OR_RETURN(auto lock, lock_lifecycle(lifecycle_mu_, deadline, "wake_up"));
+  const Clock::time_point start = Clock::now();
+  EngineCallReport report;
+  SIESTA_TRY(run_on_loop([this, tags, &report] { return wake_on_loop(tags, report); }, deadline));
+  EngineStatus s = status();
+  report.seconds = seconds_since(start);
+  s.call = std::move(report);
+  return s;
+}
+
+Result<void> Engine::wake_on_loop(memory::TagSet tags, EngineCallReport& report) {
+  if (tags.empty()) tags = memory::TagSet::all();
+  // Scratch belongs with the KV cache: both are working memory of a step.
+  if (tags.contains(memory::Tag::kKvCache)) tags.insert(memory::Tag::kScratch);
+  auto woken = memory_->wake(tags);
+  if (!woken) {
+    // Some allocations may be mapped now; the state stays asleep (or moves
+    // to partially awake) and the next wake_up continues.
+    if (engine_is_sleeping(state_.load())) (void)transition(EngineEvent::kWakePartial);
+    return woken.error().with_context("wake_up (" + tags.to_string() + ")");
+  }
+  add(report.mapped_bytes, woken->mapped_bytes);
+  add(report.restored_bytes, woken->restored_bytes);
+  if (memory::sum(woken->mapped_bytes) > 0)
+    SIESTA_LOG_INFO("engine: wake_up {}: mapped {} ({} restored from host) in {:.3f} s + {:.3f} s; not resident: {}",
+                    tags.to_string(), memory::format_bytes(memory::sum(woken->mapped_bytes)),
+                    memory::format_bytes(memory::sum(woken->restored_bytes)), woken->map_seconds,
+                    woken->restore_seconds, woken->not_resident.to_string());
+  if (!woken->not_resident.empty()) {
+    SIESTA_TRY(transition(EngineEvent::kWakePartial));
+    return {};
+  }
+  bool weights_loaded = false;
+  std::filesystem::path dir;
+  {
+    std::lock_guard<std::mutex> lock(weights_mu_);
+    weights_loaded = weights_loaded_;
+    dir = weights_dir_;
+  }
+  if (!weights_loaded) {
+    // Level 2 left the weights zero and no reload_weights came: read the
+    // checkpoint they held, so the engine never serves from empty weights.
+    SIESTA_LOG_INFO("engine: wake_up: the weights hold no checkpoint since sleep level 2; reading {} again",
+                    dir.string());
+    if (auto ok = reload_on_loop(dir, report); !ok) {
+      (void)transition(EngineEvent::kWakePartial);
+      return ok.error().with_context("wake_up: every tag is resident but the weights could not be read again; call "
+                                     "reload_weights with a checkpoint of this model, then wake_up");
+    }
+  }
+  SIESTA_TRY(transition(EngineEvent::kWakeAll));
+  return {};
+}
+
+Result<EngineStatus> Engine::release_kv_cache_memory(Deadline deadline) {
+  SIESTA_TRY(require_sleep_mode("release_kv_cache_memory"));
+  SIESTA_ASSIGN_OR_RETURN(auto lock, lock_lifecycle(lifecycle_mu_, deadline, "release_kv_cache_memory"));
+  const Clock::time_point start = Clock::now();
+  EngineCallReport report;
+  SIESTA_TRY(run_on_loop([this, deadline, &report] { return release_kv_on_loop(deadline, report); }, deadline));
+  EngineStatus s = status();
+  report.seconds = seconds_since(start);
+  s.call = std::move(report);
+  return s;
+}
+
+Result<void> Engine::release_kv_on_loop(Deadline deadline, EngineCallReport& report) {
+  const EngineState from = state_.load();
+  if (engine_schedules(from))
+    return conflict(std::string("release_kv_cache_memory needs a paused engine, and it is ") + engine_state_name(from) +
+                    "; call POST /pause first (mode keep keeps the running requests)");
+  SIESTA_TRY(next_engine_state(from, EngineEvent::kReleaseKvCache));
+  SIESTA_TRY(prepare_kv_release(deadline));
+  memory::SleepOptions only_kv;
+  only_kv.tags = memory::TagSet{memory::Tag::kKvCache};
+  auto slept = memory_->sleep({}, only_kv);
+  if (!slept) {
+    if (!memory_->is_resident(memory::Tag::kKvCache)) (void)transition(EngineEvent::kReleaseKvCache);
+    return slept.error().with_context("release_kv_cache_memory");
+  }
+  add(report.released_bytes, slept->released_bytes);
+  SIESTA_LOG_INFO("engine: release_kv_cache_memory: released {} in {:.3f} s",
+                  memory::format_bytes(memory::sum(slept->released_bytes)), slept->release_seconds);
+  SIESTA_TRY(transition(EngineEvent::kReleaseKvCache));
+  return {};
+}
+
+Result<EngineStatus> Engine::reload_weights(std::optional<std::filesystem::path> model_dir, Deadline deadline) {
+  SIESTA_ASSIGN_OR_RETURN(auto lock, lock_lifecycle(lifecycle_mu_, deadline, "reload_weights"));
+  const Clock::time_point start = Clock::now();
+  EngineCallReport report;
+  SIESTA_TRY(run_on_loop(
+      [this, &model_dir, &report]() -> Result<void> {
+        const EngineState state = state_.load();
+        if (engine_schedules(state)) {
+          const SchedulerStats ss = scheduler_->stats();
+          return conflict("reload_weights while the engine is " + std::string(engine_state_name(state)) + " (" +
+                          std::to_string(ss.num_running) + " requests running, " + std::to_string(ss.num_waiting) +
+                          " waiting): pause (POST /pause?mode=keep) or sleep first");
+        }
+        if (!memory_->is_resident(memory::Tag::kWeights))
+          return conflict("reload_weights: the weights memory is not resident (engine " +
+                          std::string(engine_state_name(state)) + "); call POST /wake_up?tags=weights first");
+        std::filesystem::path dir;
+        {
+          std::lock_guard<std::mutex> lock(weights_mu_);
+          dir = model_dir.value_or(weights_dir_);
+        }
+        return reload_on_loop(dir, report);
+      },
+      deadline));
+  EngineStatus s = status();
+  report.seconds = seconds_since(start);
+  s.call = std::move(report);
+  return s;
+}
+
+Result<void> Engine::reload_on_loop(const std::filesystem::path& dir, EngineCallReport& report) {
+  const Clock::time_point start = Clock::now();
+  SIESTA_TRY(load_weights_(dir));
+  {
+    std::lock_guard<std::mutex> lock(weights_mu_);
+    weights_loaded_ = true;
+    weights_dir_ = dir;
+  }
+  report.weights_loaded_from = dir.string();
+  SIESTA_LOG_INFO("engine: weights read from {} in {:.3f} s", dir.string(), seconds_since(start));
+  // Cached KV was computed with the old weights.
+  if (auto ok = scheduler_->reset_prefix_cache(/*reset_running_requests=*/true); !ok)
+    SIESTA_LOG_WARN("engine: after reload_weights the prefix cache could not be emptied ({}); cached blocks of the "
+                    "old weights may be reused until it is (POST /reset_prefix_cache)",
+                    ok.error().message);
+  return {};
+}
+
+Result<void> Engine::prepare_kv_release(Deadline deadline) {
+  if (!memory_->is_resident(memory::Tag::kKvCache)) return {};  // released already: blocks are free
+  if (connector_) {
+    if (auto ok = connector_->release_transfer_kv(deadline); !ok)
+      return ok.error().with_context("the KV cache stays resident: the P/D connector could not end its transfers");
+    poll_connector();  // loads it ended recompute; holds it released go
+  }
+  const int32_t n = scheduler_->preempt_all();
+  if (n > 0) SIESTA_LOG_INFO("engine: {} running requests recompute after wake", n);
+  if (auto ok = scheduler_->reset_prefix_cache(/*reset_running_requests=*/true); !ok)
+    return conflict("the KV cache stays resident: KV blocks are still in use (" + ok.error().message +
+                    "); retry when the transfers holding them end");
+  return {};
+}
+
+void Engine::note_weights_released() {
+  if (memory_->usage()[memory::Tag::kWeights].released_bytes == 0) return;
+  std::lock_guard<std::mutex> lock(weights_mu_);
+  weights_loaded_ = false;
 }
 
 // ---- the loop thread -----------------------------------------------------------
@@ -272,12 +601,12 @@ void Engine::run_loop() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(inbox_->mu);
-      const bool admitting = state_.load() == EngineState::kRunning;
+      const bool admitting = engine_admits(state_.load());
       auto has_input = [&] {
         return inbox_->stopping || !inbox_->aborts.empty() || !inbox_->commands.empty() ||
                (admitting && !inbox_->submissions.empty());
       };
-      const bool busy = scheduler_->has_unfinished() && state_.load() != EngineState::kPaused;
+      const bool busy = scheduler_->has_unfinished() && engine_schedules(state_.load());
       if (!busy)
         inbox_->cv.wait_until(lock, Clock::now() + kIdleWait, has_input);
       else if (idle_step)
@@ -285,7 +614,7 @@ void Engine::run_loop() {
       if (inbox_->stopping) break;
       aborts.swap(inbox_->aborts);
       commands.swap(inbox_->commands);
-      if (state_.load() == EngineState::kRunning) submissions.swap(inbox_->submissions);
+      if (admitting) submissions.swap(inbox_->submissions);
     }
     admit(submissions);
     submissions.clear();
@@ -308,8 +637,8 @@ void Engine::run_loop() {
     commands.clear();
     poll_connector();
     idle_step = false;
-    if (state_.load() != EngineState::kPaused && scheduler_->has_unfinished()) idle_step = !step();
-    if (state_.load() == EngineState::kDraining && !scheduler_->has_unfinished()) set_state(EngineEvent::kDrained);
+    if (engine_schedules(state_.load()) && scheduler_->has_unfinished()) idle_step = !step();
+    if (state_.load() == EngineState::kDraining && !scheduler_->has_unfinished()) (void)transition(EngineEvent::kDrained);
     publish_metrics();
   }
   // Shutting down: every request still known ends as aborted.

@@ -1,41 +1,64 @@
-// Engine: one model serving requests. Owns the model, the tokenizer, the KV
-// cache memory, the BlockPool, the Scheduler, the Sampler and the thread that
-// runs the engine loop (run_step, again and again, while there is work).
+// Engine: one model serving requests. Owns the memory pool (every byte of
+// weights, KV cache and activation scratch), the model, the tokenizer, the
+// BlockPool, the Scheduler, the Sampler and the thread that runs the engine
+// loop (run_step, again and again, while there is work).
 //
 // Lifecycle
 //   auto engine = Engine::create(options).value();    // loads, allocates, starts the loop
 //   OutputStream s = engine->submit({request}).value();  // any thread
 //   ... s.next(deadline) until s.finished() ...        // see engine_stream.h
 //   engine->abort(id);                                 // any thread, any state
-//   engine->pause(PauseMode::kKeep, deadline); engine->resume();
+//   engine->pause(PauseMode::kKeep, deadline); engine->resume(deadline);
+//   // with options.enable_sleep_mode (engine_state.h has the state table):
+//   engine->sleep(1, PauseMode::kKeep, deadline);      // weights to host, KV and scratch released
+//   engine->wake_up({memory::Tag::kWeights}, deadline); // partial: still not scheduling
+//   engine->reload_weights(dir, deadline);             // optional: new weights in place
+//   engine->wake_up(memory::TagSet::all(), deadline);  // everything resident: scheduling resumes
 //   engine.reset();                                    // stops the loop; unfinished requests
 //                                                      // end as aborted with an error
 //
-// Thread safety: submit, abort, pause, resume, reset_prefix_cache, metrics,
-// state and the const accessors may be called from any thread at any time.
-// The model, the pool and the scheduler are touched only by the loop thread;
-// calls that must change them (pause, reset_prefix_cache) run on the loop
-// between two steps (run_on_loop) and wait for it with a deadline.
+// Sleep and wake. Requests kept by a pause (mode keep) or running when sleep
+// is called recompute after wake (their KV is gone), never fail. Requests
+// submitted while the engine does not admit (paused or asleep) wait in the
+// inbox, at most options.max_held_requests; beyond that submit answers
+// kUnavailable. The KV cache comes back with every block free and the prefix
+// cache empty. After a level-2 sleep the weights are zero when woken: the
+// wake that makes every tag resident reads the checkpoint of weights_dir
+// again unless reload_weights already did. Before the KV cache is released
+// the KvConnector's release_transfer_kv ends transfers.
 //
-// The loop: take new submissions and aborts from the inbox, run queued
-// commands, poll the KvConnector, run one step, send each request's new
-// tokens and text to its stream, publish metrics. When there is nothing to do
-// it waits for the inbox (with a deadline, so it never sleeps unbounded).
+// Every lifecycle call (pause, resume, sleep, wake_up, release_kv_cache_memory,
+// reload_weights, reset_prefix_cache) is idempotent, waits with a deadline,
+// and answers the EngineStatus it left (engine_status.h); a call the state
+// does not allow is kConflict saying what to call first; nothing changes then.
+// A failure in the middle (out of memory at wake) leaves a state the next call
+// can repair, and says so.
 //
-// Seams for what comes next:
-//   - sleep / wake (issue 4): EngineState (engine_state.h) gains the sleep
-//     states; the KV cache memory lives in one place (KvCacheMemory); pause
-//     with kKeep already preempts every running request to recompute later.
-//   - P/D (issue 7): a KvConnector given to create() is called at the points
-//     engine_connector.h lists; EngineRequest carries kv_transfer_params and
-//     RequestFinish returns the connector's answer.
+// Thread safety: submit, abort, the lifecycle calls, status, memory_report,
+// metrics, state and the const accessors may be called from any thread at any
+// time; lifecycle calls are serialised among themselves. The model, the pool's
+// state changes and the scheduler are touched only by the loop thread; calls
+// that must change them run on the loop between two steps (run_on_loop) and
+// wait for it with a deadline.
+//
+// The loop: take new submissions (while admitting) and aborts from the inbox,
+// run queued commands, poll the KvConnector, run one step while scheduling,
+// send each request's new tokens and text to its stream, publish metrics. When
+// there is nothing to do it waits for the inbox (with a deadline, so it never
+// sleeps unbounded).
+//
+// P/D (issue 7): a KvConnector given to create() is called at the points
+// engine_connector.h lists; EngineRequest carries kv_transfer_params and
+// RequestFinish returns the connector's answer.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -48,9 +71,11 @@
 #include "engine/engine_output.h"
 #include "engine/engine_request.h"
 #include "engine/engine_state.h"
+#include "engine/engine_status.h"
 #include "engine/engine_stream.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "memory/memory_pool.h"
 #include "model/forward.h"
 #include "model/tokenizer.h"
 
@@ -83,11 +108,38 @@ class Engine {
 
   // Stops scheduling (engine_state.h). kWait returns once the scheduler is
   // empty, or kTimeout at the deadline (still draining; resume or pause again).
-  Result<void> pause(PauseMode mode, Deadline deadline);
-  Result<void> resume(Deadline deadline);
-  EngineState state() const { return state_.load(); }
+  // Pausing a paused or sleeping engine applies the mode and changes no state.
+  Result<EngineStatus> pause(PauseMode mode, Deadline deadline);
+  // kConflict while memory is asleep or released (wake_up first).
+  Result<EngineStatus> resume(Deadline deadline);
+
+  // Sleep mode (options.enable_sleep_mode; kInvalidArgument without it).
+  // Level 0: pause only. Level 1: weights copied to host memory, then weights,
+  // KV cache and scratch released. Level 2: everything released. A running
+  // engine is paused first with `mode`. Sleeping deeper than now works (1 then
+  // 2 drops the host copy); shallower changes nothing.
+  Result<EngineStatus> sleep(int level, PauseMode mode, Deadline deadline);
+  // Maps the tags' memory again at the same addresses (kv_cache brings scratch
+  // with it): weights restored from the host copy, or zero after level 2; the
+  // KV cache with every block free. Scheduling resumes only when every tag is
+  // resident (status.not_resident says what is missing after a partial wake).
+  Result<EngineStatus> wake_up(memory::TagSet tags, Deadline deadline);
+  // Releases the KV cache of a paused engine (kConflict when it schedules).
+  Result<EngineStatus> release_kv_cache_memory(Deadline deadline);
+  // Reads a checkpoint into the weights in place: `model_dir`, or the one the
+  // weights hold now. Only while the scheduler is stopped (kConflict while it
+  // runs: pause or sleep first) and the weights are resident (wake_up
+  // tags=weights first); the checkpoint must have the model's shapes
+  // (kInvalidArgument naming the differences). The prefix cache is emptied:
+  // its KV came from the old weights.
+  Result<EngineStatus> reload_weights(std::optional<std::filesystem::path> model_dir, Deadline deadline);
   // Scheduler::reset_prefix_cache on the loop.
-  Result<void> reset_prefix_cache(bool reset_running_requests, Deadline deadline);
+  Result<EngineStatus> reset_prefix_cache(bool reset_running_requests, Deadline deadline);
+
+  EngineState state() const { return state_.load(); }
+  EngineStatus status() const;
+  // Pool bytes per tag and state, process RSS, and the pool's device.
+  EngineMemoryReport memory_report(Deadline deadline) const;
 
   EngineMetricsSnapshot metrics() const { return metrics_.snapshot(); }
   const Tokenizer& tokenizer() const { return tokenizer_; }
@@ -96,14 +148,32 @@ class Engine {
   const EngineOptions& options() const { return options_; }
 
  private:
+  // Reads a checkpoint into the model's weights in place (CpuQwen3::reload_weights).
+  using WeightsLoader = std::function<Result<void>(const std::filesystem::path&)>;
+
   Engine(EngineOptions options, EngineLimits limits, Tokenizer tokenizer, std::unique_ptr<ThreadPool> threads,
-         std::unique_ptr<Model> model, KvCacheMemory kv, std::unique_ptr<BlockPool> pool,
-         std::unique_ptr<Scheduler> scheduler, std::unique_ptr<KvConnector> connector);
+         std::unique_ptr<memory::MemoryPool> memory, std::unique_ptr<Model> model, WeightsLoader load_weights,
+         KvCacheMemory kv, std::unique_ptr<BlockPool> pool, std::unique_ptr<Scheduler> scheduler,
+         std::unique_ptr<KvConnector> connector);
 
   // Runs fn on the loop thread between two steps and returns its result;
   // kTimeout if the deadline passes first (a command not yet started is dropped).
-  Result<void> run_on_loop(std::function<Result<void>()> fn, Deadline deadline);
-  void set_state(EngineEvent event);
+  Result<void> run_on_loop(std::function<Result<void>()> fn, Deadline deadline) const;
+  // The one place state_ changes (next_engine_state); logs the change.
+  Result<EngineState> transition(EngineEvent event);
+  Result<void> require_sleep_mode(const char* call) const;
+
+  // Lifecycle work on the loop thread.
+  Result<void> pause_on_loop(PauseMode mode);
+  Result<void> sleep_on_loop(int level, Deadline deadline, EngineCallReport& report);
+  Result<void> wake_on_loop(memory::TagSet tags, EngineCallReport& report);
+  Result<void> release_kv_on_loop(Deadline deadline, EngineCallReport& report);
+  Result<void> reload_on_loop(const std::filesystem::path& dir, EngineCallReport& report);
+  // Ends KV transfers (connector) and empties the block pool and the prefix
+  // cache, so that the KV cache memory can go.
+  Result<void> prepare_kv_release(Deadline deadline);
+  // weights_loaded_ is cleared when the pool says weights were released.
+  void note_weights_released();
 
   void run_loop();
   void admit(std::vector<EngineSubmission>& submissions);
@@ -117,7 +187,9 @@ class Engine {
   const EngineLimits limits_;
   Tokenizer tokenizer_;
   std::unique_ptr<ThreadPool> threads_;
+  std::unique_ptr<memory::MemoryPool> memory_;  // before everything allocated from it
   std::unique_ptr<Model> model_;
+  WeightsLoader load_weights_;
   KvCacheMemory kv_;
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<Scheduler> scheduler_;
@@ -131,6 +203,12 @@ class Engine {
   std::atomic<EngineState> state_{EngineState::kRunning};
   std::mutex state_mu_;
   std::condition_variable state_cv_;
+  // Held for the whole of each lifecycle call, so they never interleave.
+  std::timed_mutex lifecycle_mu_;
+  // Written on the loop, read by status() from any thread.
+  mutable std::mutex weights_mu_;
+  bool weights_loaded_ = true;
+  std::filesystem::path weights_dir_;
 
   std::thread loop_;  // last: started when everything above exists
 };

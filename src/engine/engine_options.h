@@ -35,6 +35,12 @@ struct EngineOptions {
   std::optional<int32_t> num_kv_blocks;       // overrides kv_cache_memory_bytes
   bool enable_prefix_caching = true;
   std::optional<uint64_t> seed;               // the generator of requests without a seed (default: random)
+  // sleep, wake_up and release_kv_cache_memory (--enable-sleep-mode). The
+  // memory comes from the sleep-capable pool either way.
+  bool enable_sleep_mode = false;
+  // Requests that arrive while the engine is paused or asleep wait, up to this
+  // many; beyond, submit answers kUnavailable (HTTP 503).
+  int32_t max_held_requests = 1024;
 };
 
 struct EngineLimits {

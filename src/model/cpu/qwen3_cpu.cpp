@@ -6,7 +6,9 @@
 #include <limits>
 #include <string>
 
+#include "common/log.h"
 #include "common/thread_pool.h"
+#include "memory/host_backend.h"
 #include "model/cpu/kernels.h"
 #include "model/rope.h"
 #include "model/safetensors.h"
@@ -22,13 +24,17 @@ struct WeightSlot {
   const float** dest;
 };
 
-}  // namespace
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
 
-Result<Weights> load_weights(const ModelConfig& cfg, const TensorStore& store) {
+// Every tensor of a Qwen3 checkpoint with this config, in arena order, and
+// where its pointer goes in w.
+std::vector<WeightSlot> weight_slots(const ModelConfig& cfg, Weights& w) {
   const int64_t hidden = cfg.hidden_size, inter = cfg.intermediate_size, vocab = cfg.vocab_size;
   const int64_t q_dim = cfg.q_dim(), kv_dim = cfg.kv_dim(), head_dim = cfg.head_dim;
-
-  Weights w;
   w.layers.resize(cfg.num_layers);
   std::vector<WeightSlot> specs;
   specs.push_back({"model.embed_tokens.weight", {vocab, hidden}, &w.embed});
@@ -49,8 +55,45 @@ Result<Weights> load_weights(const ModelConfig& cfg, const TensorStore& store) {
   }
   specs.push_back({"model.norm.weight", {hidden}, &w.final_norm});
   if (!cfg.tie_word_embeddings) specs.push_back({"lm_head.weight", {vocab, hidden}, &w.lm_head});
+  return specs;
+}
 
-  // Check every tensor first, then size the arena once.
+// The config fields an in-place weight update must not change, with their
+// config.json names.
+std::string architecture_differences(const ModelConfig& loaded, const ModelConfig& next) {
+  std::string out;
+  auto field = [&](const char* name, auto a, auto b) {
+    if (a == b) return;
+    if (!out.empty()) out += ", ";
+    out += fmt::format("{} {} (loaded: {})", name, b, a);
+  };
+  field("model_type", loaded.model_type, next.model_type);
+  field("vocab_size", loaded.vocab_size, next.vocab_size);
+  field("hidden_size", loaded.hidden_size, next.hidden_size);
+  field("intermediate_size", loaded.intermediate_size, next.intermediate_size);
+  field("num_hidden_layers", loaded.num_layers, next.num_layers);
+  field("num_attention_heads", loaded.num_heads, next.num_heads);
+  field("num_key_value_heads", loaded.num_kv_heads, next.num_kv_heads);
+  field("head_dim", loaded.head_dim, next.head_dim);
+  field("tie_word_embeddings", loaded.tie_word_embeddings, next.tie_word_embeddings);
+  field("rms_norm_eps", loaded.rms_norm_eps, next.rms_norm_eps);
+  field("rope_theta", loaded.rope_theta, next.rope_theta);
+  field("dtype", loaded.dtype, next.dtype);
+  return out;
+}
+
+}  // namespace
+
+size_t weights_numel(const ModelConfig& cfg) {
+  Weights w;
+  size_t total = 0;
+  for (const WeightSlot& s : weight_slots(cfg, w)) total += static_cast<size_t>(numel(s.shape));
+  return total;
+}
+
+Result<void> load_weights(const ModelConfig& cfg, const TensorStore& store, std::span<float> arena, Weights& w) {
+  std::vector<WeightSlot> specs = weight_slots(cfg, w);
+  // Check every tensor first, then convert.
   std::vector<TensorView> views;
   size_t total = 0;
   for (const WeightSlot& s : specs) {
@@ -58,30 +101,94 @@ Result<Weights> load_weights(const ModelConfig& cfg, const TensorStore& store) {
     total += static_cast<size_t>(v.numel());
     views.push_back(std::move(v));
   }
-  w.arena.resize(total);
+  if (total != arena.size())
+    return invalid_argument(fmt::format("the weights take {} floats but the arena has {}", total, arena.size()));
+  w.arena = arena;
   size_t offset = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
-    std::span<float> dst(w.arena.data() + offset, static_cast<size_t>(views[i].numel()));
+    std::span<float> dst(arena.data() + offset, static_cast<size_t>(views[i].numel()));
     SIESTA_TRY(convert_to_f32(views[i], dst));
     *specs[i].dest = dst.data();
     offset += dst.size();
   }
   if (cfg.tie_word_embeddings) w.lm_head = w.embed;
-  return w;
+  return {};
+}
+
+size_t scratch_numel_per_row(const ModelConfig& cfg) {
+  // x, h, proj, normed [hidden]; q, attn [q_dim]; k, v [kv_dim]; gate, up [intermediate]
+  return 4 * static_cast<size_t>(cfg.hidden_size) + 2 * static_cast<size_t>(cfg.q_dim()) +
+         2 * static_cast<size_t>(cfg.kv_dim()) + 2 * static_cast<size_t>(cfg.intermediate_size);
 }
 
 }  // namespace cpu
 
-Result<std::unique_ptr<CpuQwen3>> CpuQwen3::load(const std::filesystem::path& model_dir, ThreadPool& pool) {
+Result<std::unique_ptr<CpuQwen3>> CpuQwen3::load(const std::filesystem::path& model_dir, ThreadPool& threads) {
+  SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<memory::MemoryBackend> backend, memory::make_host_backend());
+  auto own = std::make_unique<memory::MemoryPool>(std::move(backend));
+  memory::MemoryPool& pool = *own;
   SIESTA_ASSIGN_OR_RETURN(ModelConfig cfg, ModelConfig::load(model_dir));
-  SIESTA_ASSIGN_OR_RETURN(TensorStore store, TensorStore::open(model_dir));
-  SIESTA_ASSIGN_OR_RETURN(cpu::Weights weights, cpu::load_weights(cfg, store));
-  return std::make_unique<CpuQwen3>(std::move(cfg), std::move(weights), pool);
+  std::unique_ptr<CpuQwen3> model(new CpuQwen3(std::move(cfg), std::move(own), pool, threads));
+  SIESTA_TRY(model->reserve_memory(model_dir, /*scratch_rows=*/0));
+  return model;
 }
 
-CpuQwen3::CpuQwen3(ModelConfig cfg, cpu::Weights weights, ThreadPool& pool)
-    : cfg_(std::move(cfg)), w_(std::move(weights)), pool_(pool) {
+Result<std::unique_ptr<CpuQwen3>> CpuQwen3::load(const std::filesystem::path& model_dir, ThreadPool& threads,
+                                                 memory::MemoryPool& memory, int32_t scratch_rows) {
+  SIESTA_ASSIGN_OR_RETURN(ModelConfig cfg, ModelConfig::load(model_dir));
+  std::unique_ptr<CpuQwen3> model(new CpuQwen3(std::move(cfg), nullptr, memory, threads));
+  SIESTA_TRY(model->reserve_memory(model_dir, scratch_rows));
+  return model;
+}
+
+CpuQwen3::CpuQwen3(ModelConfig cfg, std::unique_ptr<memory::MemoryPool> own_memory, memory::MemoryPool& memory,
+                   ThreadPool& threads)
+    : cfg_(std::move(cfg)), own_memory_(std::move(own_memory)), memory_(memory), threads_(threads) {
   inv_freq_ = rope_inv_freq(cfg_);
+}
+
+CpuQwen3::~CpuQwen3() {
+  for (const std::optional<memory::Allocation>* a : {&weights_alloc_, &scratch_alloc_})
+    if (*a)
+      if (auto ok = memory_.free((*a)->id); !ok) SIESTA_LOG_WARN("model: freeing {}: {}", (*a)->name, ok.error().message);
+}
+
+Result<void> CpuQwen3::reserve_memory(const std::filesystem::path& model_dir, int32_t scratch_rows) {
+  SIESTA_ASSIGN_OR_RETURN(TensorStore store, TensorStore::open(model_dir));
+  const size_t floats = cpu::weights_numel(cfg_);
+  SIESTA_ASSIGN_OR_RETURN(weights_alloc_, memory_.allocate(floats * sizeof(float), memory::Tag::kWeights,
+                                                           {.single_allocation = false, .chunk_bytes = 0,
+                                                            .name = "weights"}));
+  SIESTA_TRY(cpu::load_weights(cfg_, store, {static_cast<float*>(weights_alloc_->base), floats}, w_));
+  if (scratch_rows > 0) {
+    const size_t bytes = static_cast<size_t>(scratch_rows) * cpu::scratch_numel_per_row(cfg_) * sizeof(float);
+    SIESTA_ASSIGN_OR_RETURN(scratch_alloc_, memory_.allocate(bytes, memory::Tag::kScratch,
+                                                             {.single_allocation = false, .chunk_bytes = 0,
+                                                              .name = "activations"}));
+    scratch_rows_ = static_cast<size_t>(scratch_rows);
+  }
+  return {};
+}
+
+Result<void> CpuQwen3::reload_weights(const std::filesystem::path& model_dir) {
+  const std::string where = "reload_weights from " + model_dir.string();
+  auto state = memory_.state(weights_alloc_->id);
+  if (!state) return state.error().with_context(where);
+  if (*state != memory::AllocationState::kResident)
+    return conflict(where + ": the weights memory is " + memory::allocation_state_name(*state) +
+                    "; wake it up (wake_up?tags=weights) first");
+  auto next = ModelConfig::load(model_dir);
+  if (!next) return next.error().with_context(where);
+  if (const std::string diff = cpu::architecture_differences(cfg_, *next); !diff.empty())
+    return invalid_argument(where + ": the checkpoint has a different architecture (" + diff +
+                            "); an in-place weight update needs the same shapes. Serve that model from a new "
+                            "siesta serve instead");
+  auto store = TensorStore::open(model_dir);
+  if (!store) return store.error().with_context(where);
+  cpu::Weights w;
+  if (auto ok = cpu::load_weights(cfg_, *store, w_.arena, w); !ok)
+    return ok.error().with_context(where);
+  return {};
 }
 
 Result<void> CpuQwen3::forward(std::span<const SequenceChunk> batch, const KvCacheView& kv, ForwardOutput& out) {
@@ -119,17 +226,40 @@ Result<void> CpuQwen3::forward(std::span<const SequenceChunk> batch, const KvCac
     return cache + layout.offset(block, layer, kind) + static_cast<size_t>(pos % layout.block_size) * kv_dim;
   };
 
-  std::vector<float> x(n * hidden), h(n * hidden), q(n * q_dim), k(n * kv_dim), v(n * kv_dim);
-  std::vector<float> attn(n * q_dim), proj(n * hidden), gate(n * inter), up(n * inter);
+  // Activations: the scratch allocation, or heap memory for a batch larger
+  // than it was sized for.
+  std::vector<float> heap;
+  float* next = nullptr;
+  if (n <= scratch_rows_) {
+    next = static_cast<float*>(scratch_alloc_->base);
+  } else {
+    heap.resize(n * cpu::scratch_numel_per_row(cfg_));
+    next = heap.data();
+  }
+  auto take = [&](size_t floats) {
+    float* p = next;
+    next += floats;
+    return p;
+  };
+  float* x = take(n * hidden);
+  float* h = take(n * hidden);
+  float* proj = take(n * hidden);
+  float* normed = take(n * hidden);
+  float* q = take(n * q_dim);
+  float* attn = take(n * q_dim);
+  float* k = take(n * kv_dim);
+  float* v = take(n * kv_dim);
+  float* gate = take(n * inter);
+  float* up = take(n * inter);
   for (size_t r = 0; r < n; ++r)
     std::memcpy(&x[r * hidden], w_.embed + static_cast<size_t>(rows[r].token) * hidden, hidden * sizeof(float));
 
   for (int layer = 0; layer < cfg_.num_layers; ++layer) {
     const cpu::LayerWeights& lw = w_.layers[layer];
-    cpu::rms_norm(x.data(), lw.input_norm, n, hidden, eps, h.data());
-    cpu::linear(h.data(), n, hidden, lw.q_proj, q_dim, q.data(), pool_);
-    cpu::linear(h.data(), n, hidden, lw.k_proj, kv_dim, k.data(), pool_);
-    cpu::linear(h.data(), n, hidden, lw.v_proj, kv_dim, v.data(), pool_);
+    cpu::rms_norm(x, lw.input_norm, n, hidden, eps, h);
+    cpu::linear(h, n, hidden, lw.q_proj, q_dim, q, threads_);
+    cpu::linear(h, n, hidden, lw.k_proj, kv_dim, k, threads_);
+    cpu::linear(h, n, hidden, lw.v_proj, kv_dim, v, threads_);
     // Per-head q/k RMSNorm, then RoPE; K and V go into the paged cache.
     for (size_t r = 0; r < n; ++r) {
       for (size_t hh = 0; hh < heads; ++hh) {
@@ -147,7 +277,7 @@ Result<void> CpuQwen3::forward(std::span<const SequenceChunk> batch, const KvCac
     }
     // Causal attention over the cache: row r sees positions [0, pos]. One task
     // per (row, head); scores, softmax and the weighted sum run in position order.
-    pool_.parallel_for(n * heads, [&](size_t begin, size_t end) {
+    threads_.parallel_for(n * heads, [&](size_t begin, size_t end) {
       std::vector<float> scores;
       for (size_t t = begin; t < end; ++t) {
         const size_t r = t / heads, hh = t % heads, kvh = hh / group;
@@ -178,14 +308,14 @@ Result<void> CpuQwen3::forward(std::span<const SequenceChunk> batch, const KvCac
         }
       }
     });
-    cpu::linear(attn.data(), n, q_dim, lw.o_proj, hidden, proj.data(), pool_);
+    cpu::linear(attn, n, q_dim, lw.o_proj, hidden, proj, threads_);
     for (size_t i = 0; i < n * hidden; ++i) x[i] += proj[i];
 
-    cpu::rms_norm(x.data(), lw.post_norm, n, hidden, eps, h.data());
-    cpu::linear(h.data(), n, hidden, lw.gate_proj, inter, gate.data(), pool_);
-    cpu::linear(h.data(), n, hidden, lw.up_proj, inter, up.data(), pool_);
-    cpu::silu_mul(gate.data(), up.data(), n * inter, gate.data());
-    cpu::linear(gate.data(), n, inter, lw.down_proj, hidden, proj.data(), pool_);
+    cpu::rms_norm(x, lw.post_norm, n, hidden, eps, h);
+    cpu::linear(h, n, hidden, lw.gate_proj, inter, gate, threads_);
+    cpu::linear(h, n, hidden, lw.up_proj, inter, up, threads_);
+    cpu::silu_mul(gate, up, n * inter, gate);
+    cpu::linear(gate, n, inter, lw.down_proj, hidden, proj, threads_);
     for (size_t i = 0; i < n * hidden; ++i) x[i] += proj[i];
   }
 
@@ -202,11 +332,10 @@ Result<void> CpuQwen3::forward(std::span<const SequenceChunk> batch, const KvCac
     for (size_t i = batch[s].all_logits ? 0 : len - 1; i < len; ++i) wanted.push_back(r0 + i);
     r0 += len;
   }
-  std::vector<float> normed(wanted.size() * hidden);
   for (size_t i = 0; i < wanted.size(); ++i)
     cpu::rms_norm(&x[wanted[i] * hidden], w_.final_norm, 1, hidden, eps, &normed[i * hidden]);
   out.logits.resize(wanted.size() * vocab);
-  cpu::linear(normed.data(), wanted.size(), hidden, w_.lm_head, vocab, out.logits.data(), pool_);
+  cpu::linear(normed, wanted.size(), hidden, w_.lm_head, vocab, out.logits.data(), threads_);
   return {};
 }
 

@@ -1,22 +1,38 @@
 // CpuQwen3: the fp32 reference implementation of Model on the CPU.
 //
-//   SIESTA_ASSIGN_OR_RETURN(auto model, CpuQwen3::load(model_dir, pool));
-//   std::vector<float> kv(num_blocks * model->kv_layout().block_elems());
-//   model->forward(batch, KvCacheView{kv.data(), num_blocks, model->kv_layout()}, out);
+//   memory::MemoryPool memory(memory::make_host_backend().value());
+//   SIESTA_ASSIGN_OR_RETURN(auto model, CpuQwen3::load(model_dir, threads, memory, /*scratch_rows=*/2048));
+//   model->forward(batch, kv_view, out);               // kv_view: the KV cache (engine_kv_cache.h)
+//   model->reload_weights(other_dir);                  // in place, same shapes (engine loop, between steps)
+//   model.reset();                                     // frees its pool allocations; before the pool goes
 //
-// Weights are converted to fp32 at load. Every kernel computes each output
-// element in a fixed order that depends only on that element's inputs, so a
-// sequence's logits are bit-identical whatever else is in its batch and however
-// its prompt is chunked. forward() uses the ThreadPool given at load; call it
-// from one thread at a time.
+// Memory. The weights are converted to fp32 at load into one pool allocation
+// tagged `weights`; the activations of one forward live in one allocation
+// tagged `scratch`, sized for `scratch_rows` tokens (a larger batch uses heap
+// memory for that call). Both keep their addresses for the model's life, so
+// the pool can sleep and wake them underneath: while the pool has them
+// released the model must not run (the engine guarantees it), and after a
+// wake that zero-filled the weights (sleep level 2) reload_weights puts the
+// checkpoint back. load(model_dir, threads) without a pool makes a private
+// host pool (siesta generate, tests).
+//
+// Every kernel computes each output element in a fixed order that depends only
+// on that element's inputs, so a sequence's logits are bit-identical whatever
+// else is in its batch and however its prompt is chunked. forward() uses the
+// ThreadPool given at load.
+//
+// Thread safety: forward and reload_weights from one thread at a time (the
+// engine loop); config() and kv_layout() from any thread.
 #pragma once
 
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "common/status.h"
+#include "memory/memory_pool.h"
 #include "model/config.h"
 #include "model/forward.h"
 
@@ -41,32 +57,69 @@ struct LayerWeights {
   const float* down_proj;    // [hidden, intermediate]
 };
 
+// Where each tensor lives in the weights arena. The places depend only on the
+// config, so a reload into the same arena keeps every pointer.
 struct Weights {
-  std::vector<float> arena;  // every tensor below points into it
-  const float* embed = nullptr;    // [vocab, hidden]
+  std::span<float> arena;
+  const float* embed = nullptr;       // [vocab, hidden]
   std::vector<LayerWeights> layers;
   const float* final_norm = nullptr;  // [hidden]
   const float* lm_head = nullptr;     // [vocab, hidden]; == embed when tied
 };
 
-// Reads and converts every Qwen3 tensor; errors name the tensor and file.
-Result<Weights> load_weights(const ModelConfig& cfg, const TensorStore& store);
+// Floats the weights of a model with this config take.
+size_t weights_numel(const ModelConfig& cfg);
+
+// Checks every Qwen3 tensor of `store` (presence, shape, dtype) against cfg,
+// and only then converts them into `arena` (weights_numel(cfg) floats) and
+// points `w` into it. A failed check leaves the arena untouched; errors name
+// the tensor and file.
+Result<void> load_weights(const ModelConfig& cfg, const TensorStore& store, std::span<float> arena, Weights& w);
+
+// Floats of activation scratch one token (row) of a forward takes.
+size_t scratch_numel_per_row(const ModelConfig& cfg);
 
 }  // namespace cpu
 
 class CpuQwen3 final : public Model {
  public:
-  static Result<std::unique_ptr<CpuQwen3>> load(const std::filesystem::path& model_dir, ThreadPool& pool);
-  CpuQwen3(ModelConfig cfg, cpu::Weights weights, ThreadPool& pool);
+  // Weights and scratch from `memory`, which must outlive the model.
+  static Result<std::unique_ptr<CpuQwen3>> load(const std::filesystem::path& model_dir, ThreadPool& threads,
+                                                memory::MemoryPool& memory, int32_t scratch_rows);
+  // Weights and scratch from a host pool of the model's own.
+  static Result<std::unique_ptr<CpuQwen3>> load(const std::filesystem::path& model_dir, ThreadPool& threads);
+  ~CpuQwen3() override;
+  CpuQwen3(const CpuQwen3&) = delete;
+  CpuQwen3& operator=(const CpuQwen3&) = delete;
 
   const ModelConfig& config() const override { return cfg_; }
   KvCacheLayout kv_layout() const override { return KvCacheLayout::for_model(cfg_, sizeof(float)); }
   Result<void> forward(std::span<const SequenceChunk> batch, const KvCacheView& kv, ForwardOutput& out) override;
 
+  // Reads the weights of `model_dir` into the weights allocation in place (an
+  // in-place weight update: same addresses). The checkpoint must have this
+  // model's architecture (kInvalidArgument listing what differs); the weights
+  // must be resident (kConflict otherwise). A checkpoint that fails its checks
+  // changes nothing.
+  Result<void> reload_weights(const std::filesystem::path& model_dir);
+
+  uint64_t weights_bytes() const { return weights_alloc_ ? weights_alloc_->bytes : 0; }
+  uint64_t scratch_bytes() const { return scratch_alloc_ ? scratch_alloc_->bytes : 0; }
+
  private:
+  CpuQwen3(ModelConfig cfg, std::unique_ptr<memory::MemoryPool> own_memory, memory::MemoryPool& memory,
+           ThreadPool& threads);
+  // Allocates the weights (and scratch for scratch_rows tokens) and reads the checkpoint.
+  Result<void> reserve_memory(const std::filesystem::path& model_dir, int32_t scratch_rows);
+
   ModelConfig cfg_;
+  std::unique_ptr<memory::MemoryPool> own_memory_;  // set when load() made the pool
+  memory::MemoryPool& memory_;
+  ThreadPool& threads_;
+  std::optional<memory::Allocation> weights_alloc_;
   cpu::Weights w_;
-  ThreadPool& pool_;
+  std::optional<memory::Allocation> scratch_alloc_;
+  size_t scratch_rows_ = 0;
   std::vector<float> inv_freq_;  // [head_dim / 2]
 };
 

@@ -1,0 +1,52 @@
+// EngineStatus: what every lifecycle call of the Engine answers (the state it
+// left, which memory is resident, whether the weights hold a checkpoint, what
+// waits), and EngineMemoryReport: the bytes behind GET /memory. Plain values,
+// filled by the Engine; the HTTP layer turns them into JSON.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "engine/engine_state.h"
+#include "memory/backend.h"
+#include "memory/memory_pool.h"
+#include "memory/tag.h"
+
+namespace siesta {
+
+// What one lifecycle call did to the memory (zero for calls that did nothing).
+struct EngineCallReport {
+  memory::TagBytes released_bytes{};  // physical memory given back, per tag
+  memory::TagBytes offloaded_bytes{}; // of which copied to host memory first
+  memory::TagBytes mapped_bytes{};    // physical memory taken again, per tag
+  memory::TagBytes restored_bytes{};  // of which filled from host copies
+  uint64_t discarded_bytes = 0;       // host copies dropped (level 2 after level 1)
+  std::string weights_loaded_from;    // a checkpoint read into the weights by this call
+  double seconds = 0;
+};
+
+struct EngineStatus {
+  EngineState state = EngineState::kRunning;
+  memory::TagSet resident;      // tags whose every allocation is mapped
+  memory::TagSet not_resident;  // the others: what a wake_up still has to map
+  // The weights hold a checkpoint (resident, or offloaded at level 1). False
+  // after a level-2 sleep until reload_weights or the wake that makes every
+  // tag resident (which reloads weights_dir).
+  bool weights_loaded = true;
+  std::string weights_dir;      // the checkpoint the weights hold (or held)
+  int32_t held_requests = 0;    // arrived while not admitting; enter at resume / wake
+  int32_t running_requests = 0;
+  int32_t waiting_requests = 0; // in the scheduler (kept by a pause, or queued), and held
+  EngineCallReport call;
+};
+
+struct EngineMemoryReport {
+  memory::PoolUsage pool;
+  std::optional<uint64_t> process_resident_bytes;  // absent when /proc cannot be read
+  memory::BackendKind backend = memory::BackendKind::kHost;
+  std::string backend_description;
+  std::optional<memory::DeviceMemoryInfo> device;  // where the pool allocates (host: MemAvailable)
+};
+
+}  // namespace siesta

@@ -1,0 +1,547 @@
+// The Engine's lifecycle in sleep mode over the tiny CPU model: the state
+// table of docs/engine-states.md cell by cell, every engine allocation from
+// the memory pool, sleep levels 0/1/2 with full and selective wake, the KV
+// cache released after a pause, weight reloads (same and other checkpoint,
+// wrong shape), requests kept across a sleep or held while asleep, the bounded
+// queue, and refused calls that leave the engine serving. Outputs after each
+// wake are compared with the engine's own outputs before it slept.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "engine/random.h"
+#include "model/make_model.h"
+
+namespace siesta {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using memory::Tag;
+using memory::TagSet;
+namespace fs = std::filesystem;
+
+const fs::path kTiny = fs::path(SIESTA_SOURCE_DIR) / "models" / "tiny-qwen3";
+
+Deadline soon() { return Clock::now() + 30s; }
+
+EngineOptions options() {
+  EngineOptions o;
+  o.model_dir = kTiny;
+  o.threads = 2;
+  o.max_model_len = 256;
+  o.num_kv_blocks = 64;
+  o.seed = 1;
+  o.enable_sleep_mode = true;
+  return o;
+}
+
+std::unique_ptr<Engine> make_engine(EngineOptions o = options()) {
+  auto e = Engine::create(o);
+  EXPECT_TRUE(e) << e.error().message;
+  return e ? std::move(*e) : nullptr;
+}
+
+std::vector<int32_t> prompt(int seed, int len) {
+  std::vector<int32_t> p;
+  for (int j = 0; j < len; ++j) p.push_back(static_cast<int32_t>(request_draw(seed, j) % 4000) + 10);
+  return p;
+}
+
+EngineRequest greedy(const std::string& id, std::vector<int32_t> tokens, int max_tokens) {
+  EngineRequest r;
+  r.id = id;
+  r.prompt_tokens = std::move(tokens);
+  r.params.max_tokens = max_tokens;
+  r.params.ignore_eos = true;
+  r.params.temperature = 0.0;
+  return r;
+}
+
+// Tokens of every request of a stream, drained with a deadline.
+std::vector<std::vector<int32_t>> drain(OutputStream& s, Clock::duration limit = 60s) {
+  std::vector<std::vector<int32_t>> out(s.size());
+  const auto end = Clock::now() + limit;
+  while (!s.finished() && Clock::now() < end)
+    for (IndexedDelta& d : s.next(Clock::now() + 100ms))
+      out[d.index].insert(out[d.index].end(), d.delta.token_ids.begin(), d.delta.token_ids.end());
+  EXPECT_TRUE(s.finished()) << "the stream did not finish in time";
+  return out;
+}
+
+// A fixed prompt set, run as one submission; ids unique per call.
+std::vector<std::vector<int32_t>> run_prompts(Engine& e) {
+  static int round = 0;
+  ++round;
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    std::string id = "set";  // (built with +=: GCC 12 warns falsely about "lit" + std::string)
+    id += std::to_string(round);
+    id += '_';
+    id += std::to_string(i);
+    reqs.push_back(greedy(id, prompt(10 + i, 12 + 9 * i), 10));
+  }
+  auto s = e.submit(reqs);
+  EXPECT_TRUE(s) << s.error().message;
+  if (!s) return {};
+  return drain(*s);
+}
+
+uint64_t resident(const EngineMemoryReport& r, Tag t) { return r.pool[t].resident_bytes; }
+uint64_t released(const EngineMemoryReport& r, Tag t) { return r.pool[t].released_bytes; }
+uint64_t offloaded(const EngineMemoryReport& r, Tag t) { return r.pool[t].offloaded_bytes; }
+
+class TempDir {
+ public:
+  TempDir() {
+    static int counter = 0;
+    path_ = fs::temp_directory_path() /
+            ("siesta_lifecycle_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// ---- the state table -----------------------------------------------------------
+
+TEST(EngineStateTable, MatchesTheDocumentedTable) {
+  using S = EngineState;
+  using E = EngineEvent;
+  const std::vector<E> events{E::kPauseNow,    E::kPauseWhenDrained, E::kDrained,     E::kResume,
+                              E::kSleepLevel0, E::kSleepLevel1,      E::kSleepLevel2, E::kReleaseKvCache,
+                              E::kWakePartial, E::kWakeAll};
+  // docs/engine-states.md, "Transitions"; nullopt is "-" (refused).
+  constexpr auto X = std::nullopt;
+  const S run = S::kRunning, drn = S::kDraining, pau = S::kPaused, kvr = S::kPausedKvReleased,
+          sl0 = S::kSleepingLevel0, sl1 = S::kSleepingLevel1, sl2 = S::kSleepingLevel2, par = S::kPartiallyAwake;
+  const std::map<S, std::vector<std::optional<S>>> table{
+      {run, {pau, drn, X, run, X, X, X, X, X, run}},
+      {drn, {pau, drn, pau, run, X, X, X, X, X, drn}},
+      {pau, {pau, pau, pau, run, sl0, sl1, sl2, kvr, X, pau}},
+      {kvr, {kvr, kvr, kvr, X, par, sl1, sl2, kvr, kvr, pau}},
+      {sl0, {sl0, sl0, sl0, X, sl0, sl1, sl2, par, par, run}},
+      {sl1, {sl1, sl1, sl1, X, sl1, sl1, sl2, sl1, par, run}},
+      {sl2, {sl2, sl2, sl2, X, sl2, sl2, sl2, sl2, par, run}},
+      {par, {par, par, par, X, par, sl1, sl2, par, par, run}},
+  };
+  ASSERT_EQ(table.size(), 8u);
+  for (const auto& [from, row] : table) {
+    for (size_t i = 0; i < events.size(); ++i) {
+      auto next = next_engine_state(from, events[i]);
+      SCOPED_TRACE(std::string(engine_state_name(from)) + " + " + engine_event_name(events[i]));
+      if (!row[i]) {
+        ASSERT_FALSE(next);
+        EXPECT_EQ(next.error().code, ErrorCode::kConflict);
+        EXPECT_NE(next.error().message.find(engine_state_name(from)), std::string::npos) << next.error().message;
+      } else {
+        ASSERT_TRUE(next) << next.error().message;
+        EXPECT_EQ(*next, *row[i]);
+      }
+    }
+  }
+  // Only running and draining schedule; only running admits.
+  for (const auto& [s, row] : table) {
+    EXPECT_EQ(engine_schedules(s), s == run || s == drn);
+    EXPECT_EQ(engine_admits(s), s == run);
+    EXPECT_EQ(engine_is_sleeping(s), s == sl0 || s == sl1 || s == sl2 || s == par);
+  }
+}
+
+// ---- memory ----------------------------------------------------------------------
+
+TEST(EngineLifecycle, EveryAllocationComesFromThePool) {
+  auto e = make_engine();
+  ASSERT_TRUE(e);
+  const EngineMemoryReport r = e->memory_report(soon());
+  EXPECT_EQ(r.pool[Tag::kWeights].allocations, 1u);
+  EXPECT_GE(resident(r, Tag::kWeights), 4u * 4096 * 256);  // at least the fp32 embedding
+  EXPECT_EQ(r.pool[Tag::kKvCache].allocations, 1u);
+  EXPECT_EQ(resident(r, Tag::kKvCache), e->limits().kv_cache_bytes);
+  EXPECT_EQ(r.pool[Tag::kScratch].allocations, 1u);
+  EXPECT_GT(resident(r, Tag::kScratch), 0u);
+  ASSERT_TRUE(r.process_resident_bytes);
+  EXPECT_GT(*r.process_resident_bytes, resident(r, Tag::kKvCache));
+  ASSERT_TRUE(r.device);
+  EXPECT_GT(r.device->total_bytes, 0u);
+  const EngineStatus s = e->status();
+  EXPECT_EQ(s.state, EngineState::kRunning);
+  EXPECT_EQ(s.resident, TagSet::all());
+  EXPECT_TRUE(s.not_resident.empty());
+  EXPECT_TRUE(s.weights_loaded);
+}
+
+TEST(EngineLifecycle, KvCacheSizeFollowsKvCacheMemoryBytes) {
+  EngineOptions o = options();
+  o.num_kv_blocks.reset();
+  o.kv_cache_memory_bytes = uint64_t{8} << 20;
+  auto e = make_engine(o);
+  ASSERT_TRUE(e);
+  const uint64_t block = e->limits().kv_cache_bytes / static_cast<uint64_t>(e->limits().num_kv_blocks);
+  EXPECT_EQ(e->limits().num_kv_blocks, static_cast<int32_t>((uint64_t{8} << 20) / block));
+  EXPECT_EQ(resident(e->memory_report(soon()), Tag::kKvCache), e->limits().kv_cache_bytes);
+}
+
+// ---- sleep levels ------------------------------------------------------------------
+
+TEST(EngineLifecycle, Level1OffloadsWeightsReleasesTheRestAndWakesIdentical) {
+  auto e = make_engine();
+  ASSERT_TRUE(e);
+  const auto baseline = run_prompts(*e);
+  const EngineMemoryReport awake = e->memory_report(soon());
+
+  auto s = e->sleep(1, PauseMode::kKeep, soon());
+  ASSERT_TRUE(s) << s.error().message;
+  EXPECT_EQ(s->state, EngineState::kSleepingLevel1);
+  EXPECT_EQ(s->not_resident, TagSet::all());
+  EXPECT_EQ(s->call.offloaded_bytes[memory::tag_index(Tag::kWeights)], resident(awake, Tag::kWeights));
+  EXPECT_EQ(s->call.released_bytes[memory::tag_index(Tag::kKvCache)], resident(awake, Tag::kKvCache));
+  const EngineMemoryReport asleep = e->memory_report(soon());
+  EXPECT_EQ(offloaded(asleep, Tag::kWeights), resident(awake, Tag::kWeights));
+  EXPECT_EQ(released(asleep, Tag::kKvCache), resident(awake, Tag::kKvCache));
+  EXPECT_EQ(released(asleep, Tag::kScratch), resident(awake, Tag::kScratch));
+  EXPECT_EQ(asleep.pool.total().resident_bytes, 0u);
+
+  auto w = e->wake_up(TagSet::all(), soon());
+  ASSERT_TRUE(w) << w.error().message;
+  EXPECT_EQ(w->state, EngineState::kRunning);
+  EXPECT_EQ(w->call.restored_bytes[memory::tag_index(Tag::kWeights)], resident(awake, Tag::kWeights));
+  EXPECT_EQ(e->memory_report(soon()).pool, awake.pool);
+  EXPECT_EQ(run_prompts(*e), baseline);
+}
+
+TEST(EngineLifecycle, Level2SelectiveWakeWaitsForEveryTagAndReloads) {
+  auto e = make_engine();
+  ASSERT_TRUE(e);
+  const auto baseline = run_prompts(*e);
+  const EngineMemoryReport awake = e->memory_report(soon());
+
+  auto s = e->sleep(2, PauseMode::kKeep, soon());
+  ASSERT_TRUE(s) << s.error().message;
+  EXPECT_EQ(s->state, EngineState::kSleepingLevel2);
+  EXPECT_FALSE(s->weights_loaded);
+  const EngineMemoryReport asleep = e->memory_report(soon());
+  EXPECT_EQ(released(asleep, Tag::kWeights), resident(awake, Tag::kWeights));
+  EXPECT_EQ(offloaded(asleep, Tag::kWeights), 0u);
+
+  // A request sent while asleep waits.
+  auto held = e->submit({greedy("held", prompt(10, 12), 10)});
+  ASSERT_TRUE(held);
+
+  // reload_weights needs the weights mapped.
+  auto early = e->reload_weights(std::nullopt, soon());
+  ASSERT_FALSE(early);
+  EXPECT_EQ(early.error().code, ErrorCode::kConflict);
+  EXPECT_NE(early.error().message.find("wake_up?tags=weights"), std::string::npos) << early.error().message;
+
+  auto w1 = e->wake_up({Tag::kWeights}, soon());
+  ASSERT_TRUE(w1) << w1.error().message;
+  EXPECT_EQ(w1->state, EngineState::kPartiallyAwake);
+  EXPECT_EQ(w1->not_resident, (TagSet{Tag::kKvCache, Tag::kScratch}));
+  EXPECT_TRUE(e->status().held_requests == 1);
+  EXPECT_TRUE(held->next(Clock::now() + 200ms).empty());  // not scheduled while partially awake
+
+  auto r = e->reload_weights(std::nullopt, soon());
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_TRUE(r->weights_loaded);
+  EXPECT_EQ(r->call.weights_loaded_from, kTiny.string());
+  EXPECT_EQ(r->state, EngineState::kPartiallyAwake);
+
+  auto w2 = e->wake_up({Tag::kKvCache}, soon());
+  ASSERT_TRUE(w2) << w2.error().message;
+  EXPECT_EQ(w2->state, EngineState::kRunning);
+  EXPECT_TRUE(w2->call.weights_loaded_from.empty());  // reloaded already
+  EXPECT_EQ(e->memory_report(soon()).pool, awake.pool);
+  EXPECT_EQ(drain(*held)[0], baseline[0]);
+  EXPECT_EQ(run_prompts(*e), baseline);
+}
+
+TEST(EngineLifecycle, FullWakeAfterLevel2ReadsTheCheckpointAgain) {
+  auto e = make_engine();
+  ASSERT_TRUE(e);
+  const auto baseline = run_prompts(*e);
+  ASSERT_TRUE(e->sleep(1, PauseMode::kKeep, soon()));
+  auto deeper = e->sleep(2, PauseMode::kKeep, soon());  // drops the host copy
+  ASSERT_TRUE(deeper) << deeper.error().message;
+  EXPECT_EQ(deeper->state, EngineState::kSleepingLevel2);
+  EXPECT_GT(deeper->call.discarded_bytes, 0u);
+  EXPECT_EQ(e->memory_report(soon()).pool[Tag::kWeights].offloaded_bytes, 0u);
+  auto w = e->wake_up(TagSet::all(), soon());
+  ASSERT_TRUE(w) << w.error().message;
+  EXPECT_EQ(w->state, EngineState::kRunning);
+  EXPECT_EQ(w->call.weights_loaded_from, kTiny.string());
+  EXPECT_EQ(run_prompts(*e), baseline);
+}
+
+TEST(EngineLifecycle, Level0OnlyPauses) {
+  auto e = make_engine();
+  ASSERT_TRUE(e);
+  const auto baseline = run_prompts(*e);
+  const EngineMemoryReport awake = e->memory_report(soon());
+  auto s = e->sleep(0, PauseMode::kKeep, soon());
+  ASSERT_TRUE(s) << s.error().message;
+  EXPECT_EQ(s->state, EngineState::kSleepingLevel0);
+  EXPECT_EQ(e->memory_report(soon()).pool, awake.pool);
+  auto resume = e->resume(soon());  // asleep: wake_up, not resume
+  ASSERT_FALSE(resume);
+  EXPECT_EQ(resume.error().code, ErrorCode::kConflict);
+  ASSERT_TRUE(e->wake_up(TagSet::all(), soon()));
+  EXPECT_EQ(e->state(), EngineState::kRunning);
+  EXPECT_EQ(run_prompts(*e), baseline);
+}
+
+TEST(EngineLifecycle, RepeatedCallsLeaveTheStateAsItWas) {
+  auto e = make_engine();
+  ASSERT_TRUE(e);
+  auto w = e->wake_up(TagSet::all(), soon());  // wake when awake
+  ASSERT_TRUE(w);
+  EXPECT_EQ(w->state, EngineState::kRunning);
+  EXPECT_EQ(memory::sum(w->call.mapped_bytes), 0u);
+  ASSERT_TRUE(e->resume(soon()));  // resume when running
+  ASSERT_TRUE(e->sleep(1, PauseMode::kKeep, soon()));
+  const EngineMemoryReport asleep = e->memory_report(soon());
+  for (int level : {1, 0}) {  // same level, and shallower
+    auto again = e->sleep(level, PauseMode::kKeep, soon());
+    ASSERT_TRUE(again) << again.error().message;
+    EXPECT_EQ(again->state, EngineState::kSleepingLevel1);
+    EXPECT_EQ(memory::sum(again->call.released_bytes), 0u);
+  }
+  auto paused = e->pause(PauseMode::kAbort, soon());  // pause when asleep
+  ASSERT_TRUE(paused);
+  EXPECT_EQ(paused->state, EngineState::kSleepingLevel1);
+  auto released_again = e->release_kv_cache_memory(soon());
+  ASSERT_TRUE(released_again);
+  EXPECT_EQ(released_again->state, EngineState::kSleepingLevel1);
+  EXPECT_EQ(e->memory_report(soon()).pool, asleep.pool);
+  ASSERT_TRUE(e->wake_up(TagSet::all(), soon()));
+  auto twice = e->wake_up(TagSet::all(), soon());
+  ASSERT_TRUE(twice);
+  EXPECT_EQ(twice->state, EngineState::kRunning);
+}
+
+// ---- release_kv_cache_memory ----------------------------------------------------------
+
+TEST(EngineLifecycle, ReleaseKvCacheMemoryNeedsAPause) {
+  auto e = make_engine();
+  ASSERT_TRUE(e);
+  const auto baseline = run_prompts(*e);
+  auto refused = e->release_kv_cache_memory(soon());
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, ErrorCode::kConflict);
+  EXPECT_NE(refused.error().message.find("/pause"), std::string::npos) << refused.error().message;
+  EXPECT_EQ(e->state(), EngineState::kRunning);
+  EXPECT_EQ(run_prompts(*e), baseline);  // still serving
+
+  ASSERT_TRUE(e->pause(PauseMode::kKeep, soon()));
+  const EngineMemoryReport paused = e->memory_report(soon());
+  auto r = e->release_kv_cache_memory(soon());
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(r->state, EngineState::kPausedKvReleased);
+  EXPECT_EQ(r->not_resident, TagSet{Tag::kKvCache});
+  const EngineMemoryReport m = e->memory_report(soon());
+  EXPECT_EQ(released(m, Tag::kKvCache), resident(paused, Tag::kKvCache));
+  EXPECT_EQ(resident(m, Tag::kWeights), resident(paused, Tag::kWeights));
+  EXPECT_EQ(resident(m, Tag::kScratch), resident(paused, Tag::kScratch));
+
+  auto resume = e->resume(soon());
+  ASSERT_FALSE(resume);
+  EXPECT_EQ(resume.error().code, ErrorCode::kConflict);
+  EXPECT_NE(resume.error().message.find("wake_up?tags=kv_cache"), std::string::npos) << resume.error().message;
+  // reload_weights works here: weights resident, scheduler stopped.
+  ASSERT_TRUE(e->reload_weights(std::nullopt, soon()));
+  auto w = e->wake_up({Tag::kKvCache}, soon());
+  ASSERT_TRUE(w) << w.error().message;
+  EXPECT_EQ(w->state, EngineState::kPaused);  // the explicit pause stays
+  ASSERT_TRUE(e->resume(soon()));
+  EXPECT_EQ(run_prompts(*e), baseline);
+}
+
+// ---- requests across sleep --------------------------------------------------------
+
+TEST(EngineLifecycle, RequestsRunningAtSleepRecomputeAfterWakeWithTheSameTokens) {
+  auto e = make_engine();
+  ASSERT_TRUE(e);
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    std::string id = "k";
+    id += std::to_string(i);
+    reqs.push_back(greedy(id, prompt(40 + i, 20 + 3 * i), 30));
+  }
+  std::vector<std::vector<int32_t>> alone;
+  for (EngineRequest r : reqs) {
+    r.id += "_alone";
+    auto s = e->submit({r});
+    ASSERT_TRUE(s);
+    alone.push_back(drain(*s)[0]);
+  }
+  auto s = e->submit(reqs);
+  ASSERT_TRUE(s);
+  std::vector<std::vector<int32_t>> got(reqs.size());
+  const auto end = Clock::now() + 30s;
+  size_t seen = 0;
+  while (seen == 0 && Clock::now() < end)
+    for (IndexedDelta& d : s->next(Clock::now() + 100ms)) {
+      got[d.index].insert(got[d.index].end(), d.delta.token_ids.begin(), d.delta.token_ids.end());
+      seen += d.delta.token_ids.size();
+    }
+  for (int level : {1, 2}) {
+    auto slept = e->sleep(level, PauseMode::kKeep, soon());
+    ASSERT_TRUE(slept) << slept.error().message;
+    std::this_thread::sleep_for(50ms);
+    ASSERT_TRUE(e->wake_up(TagSet::all(), soon()));
+  }
+  const auto rest = drain(*s);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    got[i].insert(got[i].end(), rest[i].begin(), rest[i].end());
+    EXPECT_EQ(got[i], alone[i]) << reqs[i].id;
+  }
+}
+
+TEST(EngineLifecycle, HeldRequestsAreBounded) {
+  EngineOptions o = options();
+  o.max_held_requests = 2;
+  auto e = make_engine(o);
+  ASSERT_TRUE(e);
+  ASSERT_TRUE(e->sleep(1, PauseMode::kKeep, soon()));
+  auto a = e->submit({greedy("a", prompt(1, 8), 4), greedy("b", prompt(2, 8), 4)});
+  ASSERT_TRUE(a);
+  auto over = e->submit({greedy("c", prompt(3, 8), 4)});
+  ASSERT_FALSE(over);
+  EXPECT_EQ(over.error().code, ErrorCode::kUnavailable);
+  EXPECT_NE(over.error().message.find("sleeping_level_1"), std::string::npos) << over.error().message;
+  EXPECT_NE(over.error().message.find("--max-held-requests"), std::string::npos) << over.error().message;
+  ASSERT_TRUE(e->wake_up(TagSet::all(), soon()));
+  const auto out = drain(*a);
+  EXPECT_EQ(out[0].size(), 4u);
+  EXPECT_EQ(out[1].size(), 4u);
+  EXPECT_TRUE(e->submit({greedy("c", prompt(3, 8), 4)}));  // awake: admitted again
+}
+
+// ---- weights ----------------------------------------------------------------------------
+
+TEST(EngineLifecycle, ReloadWeightsIsRefusedWhileRunningOrWithAnotherShape) {
+  auto e = make_engine();
+  ASSERT_TRUE(e);
+  const auto baseline = run_prompts(*e);
+  auto running = e->reload_weights(std::nullopt, soon());
+  ASSERT_FALSE(running);
+  EXPECT_EQ(running.error().code, ErrorCode::kConflict);
+  EXPECT_NE(running.error().message.find("pause"), std::string::npos) << running.error().message;
+
+  TempDir other;
+  fs::create_directories(other.path());
+  for (const auto& f : fs::directory_iterator(kTiny)) fs::copy(f.path(), other.path() / f.path().filename());
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(other.path() / "config.json"));
+  cfg["num_hidden_layers"] = 2;
+  std::ofstream(other.path() / "config.json") << cfg.dump(2);
+  ASSERT_TRUE(e->pause(PauseMode::kKeep, soon()));
+  auto shape = e->reload_weights(other.path(), soon());
+  ASSERT_FALSE(shape);
+  EXPECT_EQ(shape.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(shape.error().message.find("num_hidden_layers 2 (loaded: 4)"), std::string::npos)
+      << shape.error().message;
+  auto missing = e->reload_weights(other.path() / "nope", soon());
+  ASSERT_FALSE(missing);
+  ASSERT_TRUE(e->resume(soon()));
+  EXPECT_EQ(run_prompts(*e), baseline);  // nothing changed
+}
+
+TEST(EngineLifecycle, ReloadWeightsFromAnotherCheckpointAndBack) {
+  TempDir other;
+  MakeModelOptions mo;
+  mo.shape = "tiny";
+  mo.out_dir = other.path();
+  mo.seed = 99;
+  mo.tokenizer = kTiny / "tokenizer.json";
+  mo.threads = 2;
+  ASSERT_TRUE(make_model(mo));
+  std::vector<std::vector<int32_t>> theirs;
+  {
+    EngineOptions o = options();
+    o.model_dir = other.path();
+    auto e2 = make_engine(o);
+    ASSERT_TRUE(e2);
+    theirs = run_prompts(*e2);
+  }
+  auto e = make_engine();
+  ASSERT_TRUE(e);
+  const auto ours = run_prompts(*e);
+  ASSERT_NE(ours, theirs);
+
+  ASSERT_TRUE(e->sleep(2, PauseMode::kKeep, soon()));
+  ASSERT_TRUE(e->wake_up({Tag::kWeights}, soon()));
+  auto r = e->reload_weights(other.path(), soon());
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(r->weights_dir, other.path().string());
+  ASSERT_TRUE(e->wake_up(TagSet::all(), soon()));
+  EXPECT_EQ(run_prompts(*e), theirs);
+
+  // A level-2 sleep and full wake reads the checkpoint the weights last held.
+  ASSERT_TRUE(e->sleep(2, PauseMode::kKeep, soon()));
+  ASSERT_TRUE(e->wake_up(TagSet::all(), soon()));
+  EXPECT_EQ(run_prompts(*e), theirs);
+
+  // And back, while merely paused (no sleep): the prefix cache of the other
+  // weights must not leak into the outputs.
+  ASSERT_TRUE(e->pause(PauseMode::kWait, soon()));
+  ASSERT_TRUE(e->reload_weights(kTiny, soon()));
+  ASSERT_TRUE(e->resume(soon()));
+  EXPECT_EQ(run_prompts(*e), ours);
+}
+
+// ---- refusals ---------------------------------------------------------------------------
+
+TEST(EngineLifecycle, WrongCallsAreRefusedAndTheEngineKeepsServing) {
+  auto e = make_engine();
+  ASSERT_TRUE(e);
+  const auto baseline = run_prompts(*e);
+  auto level7 = e->sleep(7, PauseMode::kKeep, soon());
+  ASSERT_FALSE(level7);
+  EXPECT_EQ(level7.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(level7.error().message.find("got 7"), std::string::npos);
+  EXPECT_EQ(e->state(), EngineState::kRunning);
+  EXPECT_EQ(run_prompts(*e), baseline);
+
+  EngineOptions o = options();
+  o.enable_sleep_mode = false;
+  auto off = make_engine(o);
+  ASSERT_TRUE(off);
+  auto refused = off->sleep(1, PauseMode::kKeep, soon());
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(refused.error().message.find("--enable-sleep-mode"), std::string::npos);
+  EXPECT_FALSE(off->release_kv_cache_memory(soon()));
+  EXPECT_EQ(run_prompts(*off), baseline);
+}
+
+TEST(EngineLifecycle, ManyCyclesReturnToTheAwakeAccounting) {
+  auto e = make_engine();
+  ASSERT_TRUE(e);
+  const auto baseline = run_prompts(*e);
+  const EngineMemoryReport awake = e->memory_report(soon());
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(e->sleep(1 + i % 2, PauseMode::kKeep, soon()));
+    if (i % 3 == 0) {
+      ASSERT_TRUE(e->wake_up({Tag::kWeights}, soon()));
+    }
+    ASSERT_TRUE(e->wake_up(TagSet::all(), soon()));
+    ASSERT_EQ(e->memory_report(soon()).pool, awake.pool) << "cycle " << i;
+  }
+  EXPECT_EQ(run_prompts(*e), baseline);
+}
+
+}  // namespace
+}  // namespace siesta
