@@ -469,8 +469,10 @@ void SideChannel::stop() {
     impl->shutdown_on_io_thread();
     closed.set_value();
   });
-  closed.get_future().wait();
-  impl->handlers.join();
+  // The I/O thread never blocks, so this is quick; the bound is a backstop.
+  if (closed.get_future().wait_for(std::chrono::seconds(10)) != std::future_status::ready)
+    SIESTA_LOG_ERROR("side channel {}: the I/O thread did not close its connections within 10 s", impl->address);
+  impl->handlers.join();  // running handlers end by their own deadlines
   // Handlers may have posted answers for connections that are now closed;
   // close again, then stop: what is left queued is destroyed, not run.
   asio::post(impl->io, [impl] {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "common/log.h"
+#include "transfer/bench_memory.h"
 #include "transfer/transfer_bench.h"
 
 namespace siesta::transfer {
@@ -56,6 +57,18 @@ TEST(TransferBench, UcxOverTcpAgainstTheRawPutLoop) {
   o.ucx_transports = "tcp";
   o.ucx_net_devices = "lo";
   expect_rows(run_transfer_bench(o), {4096, 256u << 10}, 2);
+}
+
+// Runs where a GPU is (the device machine); skipped elsewhere.
+TEST(TransferBench, IpcCudaMemoryBetweenTwoProcesses) {
+  auto probe = BenchMemory::create(MemoryKind::kCuda, 1u << 20, 0);
+  if (!probe) GTEST_SKIP() << "no CUDA memory here: " << probe.error().message;
+  probe->reset();
+  TransferBenchOptions o = options("ipc", {4096, 1u << 20, 16u << 20}, 3);
+  o.memory = MemoryKind::kCuda;
+  expect_rows(run_transfer_bench(o), {4096, 1u << 20, 16u << 20}, 3);
+  o.op = XferOp::kRead;
+  expect_rows(run_transfer_bench(o), {4096, 1u << 20, 16u << 20}, 3);
 }
 
 TEST(TransferBench, ParsesSizesAndRefusesNonsense) {

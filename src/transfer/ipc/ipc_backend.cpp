@@ -120,7 +120,8 @@ void IpcBackend::serve() {
     fds.push_back({stop_fd_, POLLIN, 0});
     fds.push_back({listen_fd_, POLLIN, 0});
     for (int fd : importers_) fds.push_back({fd, POLLIN | POLLRDHUP, 0});
-    int ready = poll(fds.data(), fds.size(), -1);  // woken by stop_fd_ at shutdown
+    int ready = poll(fds.data(), fds.size(), 1000);  // stop_fd_ wakes it at shutdown
+    if (ready == 0) continue;
     if (ready < 0) {
       if (errno == EINTR) continue;
       SIESTA_LOG_ERROR("ipc: exporter poll failed: {}; peers can no longer import our memory", std::strerror(errno));
@@ -343,7 +344,8 @@ void IpcBackend::enqueue_copy(std::function<void(bool)> copy, bool small) {
 void IpcBackend::copy_loop() {
   std::unique_lock<std::mutex> lock(copy_mu_);
   for (;;) {
-    copy_cv_.wait(lock, [&] { return stopping_ || !copies_.empty(); });  // woken by enqueue or the destructor
+    // Woken by enqueue_copy or the destructor; the timeout only bounds the wait.
+    if (!copy_cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stopping_ || !copies_.empty(); })) continue;
     if (copies_.empty()) return;
     auto copy = std::move(copies_.front());
     copies_.pop_front();

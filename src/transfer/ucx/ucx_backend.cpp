@@ -79,10 +79,25 @@ Result<std::unique_ptr<UcxBackend>> UcxBackend::create(const TransferConfig& con
 
 UcxBackend::~UcxBackend() {
   worker_->stop();
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [id, memh] : memh_) ucp_mem_unmap(worker_->context(), memh);
-  memh_.clear();
-  if (table_memh_ != nullptr) ucp_mem_unmap(worker_->context(), table_memh_);
+  // Transfers still in flight (a peer that never answered) fail now.
+  std::vector<UcxXfer*> stuck(active_.begin(), active_.end());
+  for (UcxXfer* x : stuck) {
+    std::shared_ptr<UcxPeer> peer = x->peer;
+    peer->abandon(x, unavailable("the transfer engine shut down"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, memh] : memh_) ucp_mem_unmap(worker_->context(), memh);
+    memh_.clear();
+    if (table_memh_ != nullptr) ucp_mem_unmap(worker_->context(), table_memh_);
+  }
+  worker_.reset();  // no UCX callback runs after this
+  for (UcxXfer* x : orphans_) delete x;
+}
+
+void UcxBackend::drop_orphan(UcxXfer* xfer) {
+  orphans_.erase(xfer);
+  delete xfer;
 }
 
 Result<std::string> UcxBackend::register_region(const LocalRegion& region) {

@@ -64,6 +64,10 @@ class UcxBackend final : public TransferBackend {
   void track(UcxXfer* xfer) { active_.insert(xfer); }
   void untrack(UcxXfer* xfer) { active_.erase(xfer); }
   void ready(UcxXfer* xfer);
+  // Failed transfers whose UCX requests never completed (UcxPeer::orphan):
+  // freed when their last request completes, or after the worker is gone.
+  void adopt_orphan(UcxXfer* xfer) { orphans_.insert(xfer); }
+  void drop_orphan(UcxXfer* xfer);
 
  private:
   explicit UcxBackend(RegionTable& table) : table_(table) {}
@@ -81,6 +85,7 @@ class UcxBackend final : public TransferBackend {
   std::set<UcxXfer*> active_;  // progress thread only
   Clock::time_point last_watch_{};  // progress thread only
   std::vector<UcxXfer*> ready_;  // progress thread only
+  std::set<UcxXfer*> orphans_;   // progress thread only (destructor after stop)
 };
 
 }  // namespace siesta::transfer::ucx

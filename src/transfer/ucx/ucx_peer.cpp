@@ -44,7 +44,7 @@ void on_request_done(void* request, ucs_status_t status, void* user_data) {
   x->requests.erase(request);
   ucp_request_free(request);
   if (x->orphaned) {
-    if (--x->outstanding == 0) delete x;
+    if (--x->outstanding == 0) x->backend->drop_orphan(x);
     return;
   }
   if (status != UCS_OK && !x->failure)
@@ -208,6 +208,7 @@ void UcxPeer::post(XferPlan plan, XferDone done) {
     ++in_flight_;
   }
   auto* x = new UcxXfer;
+  x->backend = &backend_;
   x->peer = shared_from_this();
   x->plan = std::move(plan);
   x->done = std::move(done);
@@ -395,9 +396,19 @@ void UcxPeer::break_connection(const Status& why, bool peer_gone) {
   for (UcxXfer* x : stuck) orphan(x);
 }
 
+void UcxPeer::abandon(UcxXfer* x, const Status& why) {
+  if (!x->failure) x->failure = why;
+  if (x->outstanding == 0) {
+    complete(x, *x->failure);
+  } else {
+    orphan(x);
+  }
+}
+
 void UcxPeer::orphan(UcxXfer* x) {
   backend_.untrack(x);
   xfers_.erase(x);
+  backend_.adopt_orphan(x);
   x->orphaned = true;
   std::shared_ptr<UcxPeer> self = std::move(x->peer);
   XferDone done = std::move(x->done);

@@ -41,6 +41,7 @@ struct RemoteTable {
 
 struct UcxXfer {
   enum class Stage { kPreCheck, kData, kFlush, kPostCheck };
+  UcxBackend* backend = nullptr;
   std::shared_ptr<UcxPeer> peer;
   XferPlan plan;
   XferDone done;
@@ -77,6 +78,9 @@ class UcxPeer final : public BackendPeer, public std::enable_shared_from_this<Uc
   // undefined behaviour for it) the requests are left to finish.
   void break_connection(const Status& why, bool peer_gone);
   bool process_exited() const;
+  // At shutdown (worker stopped): fails `x` now; its requests, if any, are
+  // left to UCX as an orphan that the backend frees after the worker.
+  void abandon(UcxXfer* x, const Status& why);
   const EngineMeta& meta() const { return meta_; }
 
  private:
