@@ -14,5 +14,6 @@ inline constexpr int kExitUsage = 2;
 void add_tokenize_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_make_model_command(CLI::App& app);
+void add_proxy_command(CLI::App& app);
 
 }  // namespace siesta::cli

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   siesta::cli::add_tokenize_command(app);
   siesta::cli::add_generate_command(app);
   siesta::cli::add_make_model_command(app);
+  siesta::cli::add_proxy_command(app);
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,131 @@
+// siesta proxy --prefill URL... --decode URL... [--host H] [--port N]
+//              [--mode concurrent|sequential] [--timeout-s S] [--api-key K]
+//              [--connect-timeout-s S] [--health-interval-s S] [--health-timeout-s S] [--max-connections N]
+//
+// The P/D router (src/proxy/README.md). Prints "siesta proxy: listening on
+// http://H:N" on stdout once it accepts connections, runs until SIGINT or
+// SIGTERM, then stops cleanly.
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cmath>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "proxy/proxy.h"
+
+namespace siesta::cli {
+namespace {
+
+struct ProxyOptions {
+  std::vector<std::string> prefill;
+  std::vector<std::string> decode;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string mode = "concurrent";
+  double timeout_s = 300;
+  double connect_timeout_s = 5;
+  double health_interval_s = 5;
+  double health_timeout_s = 2;
+  std::string api_key;
+  size_t max_connections = 128;
+};
+
+Result<std::chrono::milliseconds> millis(double seconds, const char* option) {
+  if (!std::isfinite(seconds) || seconds <= 0 || seconds > 1e7)
+    return invalid_argument(std::string(option) + ": expected a positive number of seconds");
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000)));
+}
+
+Result<proxy::ProxyConfig> make_config(const ProxyOptions& opt) {
+  proxy::ProxyConfig config;
+  for (const std::string& text : opt.prefill) {
+    SIESTA_ASSIGN_OR_RETURN(proxy::InstanceUrl url, proxy::parse_instance_url(text));
+    config.prefill.push_back(std::move(url));
+  }
+  for (const std::string& text : opt.decode) {
+    SIESTA_ASSIGN_OR_RETURN(proxy::InstanceUrl url, proxy::parse_instance_url(text));
+    config.decode.push_back(std::move(url));
+  }
+  config.host = opt.host;
+  config.port = opt.port;
+  SIESTA_ASSIGN_OR_RETURN(config.mode, proxy::parse_proxy_mode(opt.mode));
+  SIESTA_ASSIGN_OR_RETURN(config.timeout, millis(opt.timeout_s, "--timeout-s"));
+  SIESTA_ASSIGN_OR_RETURN(config.connect_timeout, millis(opt.connect_timeout_s, "--connect-timeout-s"));
+  SIESTA_ASSIGN_OR_RETURN(config.health_interval, millis(opt.health_interval_s, "--health-interval-s"));
+  SIESTA_ASSIGN_OR_RETURN(config.health_timeout, millis(opt.health_timeout_s, "--health-timeout-s"));
+  config.api_key = opt.api_key;
+  config.max_connections = opt.max_connections;
+  SIESTA_TRY(proxy::validate_proxy_config(config));
+  return config;
+}
+
+int run_proxy(const ProxyOptions& opt) {
+  Result<proxy::ProxyConfig> config = make_config(opt);
+  if (!config) {
+    std::cerr << "siesta proxy: " << config.error().message << "\n";
+    return kExitUsage;
+  }
+  // Signals go to this thread only (sigwait below); every thread the proxy
+  // starts inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A client or instance that hangs up makes a write fail with EPIPE; the
+  // proxy handles that, so the signal must not end the process.
+  signal(SIGPIPE, SIG_IGN);
+
+  Result<std::unique_ptr<proxy::Proxy>> running = proxy::Proxy::start(std::move(*config));
+  if (!running) {
+    std::cerr << "siesta proxy: " << running.error().message << "\n";
+    return kExitFailure;
+  }
+  const bool v6 = opt.host.find(':') != std::string::npos;
+  std::cout << "siesta proxy: listening on http://" << (v6 ? "[" + opt.host + "]" : opt.host) << ":"
+            << (*running)->port() << std::endl;
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  (*running)->stop();
+  return 0;
+}
+
+}  // namespace
+
+void add_proxy_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("proxy", "Route OpenAI requests through prefill and decode instances (P/D)");
+  auto opt = std::make_shared<ProxyOptions>();
+  cmd->add_option("--prefill", opt->prefill, "Prefill instance URLs (http://host:port), repeatable")
+      ->required()
+      ->delimiter(',');
+  cmd->add_option("--decode", opt->decode, "Decode instance URLs (http://host:port), repeatable")
+      ->required()
+      ->delimiter(',');
+  cmd->add_option("--host", opt->host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", opt->port, "Port to listen on (0: any free port)")->capture_default_str();
+  cmd->add_option("--mode", opt->mode,
+                  "concurrent: prefill and decode at once (WRITE-mode P/D); sequential: decode after prefill "
+                  "answered, with its kv_transfer_params (READ mode)")
+      ->capture_default_str();
+  cmd->add_option("--timeout-s", opt->timeout_s,
+                  "Deadline of every wait on an instance: prefill's whole answer, decode's first bytes and each "
+                  "silence after, admin calls")
+      ->capture_default_str();
+  cmd->add_option("--connect-timeout-s", opt->connect_timeout_s, "Deadline to open a connection to an instance")
+      ->capture_default_str();
+  cmd->add_option("--health-interval-s", opt->health_interval_s, "Seconds between health checks")
+      ->capture_default_str();
+  cmd->add_option("--health-timeout-s", opt->health_timeout_s, "Deadline of one health check")->capture_default_str();
+  cmd->add_option("--api-key", opt->api_key,
+                  "Required from clients as \"Authorization: Bearer K\"; sent to instances the same way");
+  cmd->add_option("--max-connections", opt->max_connections, "Client connections served at once")
+      ->capture_default_str();
+  cmd->callback([opt] {
+    const int code = run_proxy(*opt);
+    if (code != 0) throw CLI::RuntimeError(code);
+  });
+}
+
+}  // namespace siesta::cli

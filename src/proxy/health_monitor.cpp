@@ -1,0 +1,65 @@
+#include "proxy/health_monitor.h"
+
+#include <memory>
+
+#include "proxy/leg.h"
+
+namespace siesta::proxy {
+
+HealthMonitor::HealthMonitor(std::vector<InstanceSet*> sets, HealthOptions options)
+    : sets_(std::move(sets)), options_(std::move(options)) {}
+
+HealthMonitor::~HealthMonitor() { stop(); }
+
+void HealthMonitor::check_all() {
+  struct Check {
+    InstanceSet* set;
+    size_t index;
+    std::unique_ptr<Leg> leg;
+  };
+  std::vector<Check> checks;
+  const LegLimits limits{options_.timeout, options_.timeout, options_.timeout};
+  for (InstanceSet* set : sets_) {
+    for (size_t i = 0; i < set->size(); ++i) {
+      LegRequest request{"GET", "/health", "", "application/json", options_.headers};
+      checks.push_back({set, i, Leg::start(set->url(i), std::move(request), limits)});
+    }
+  }
+  for (Check& check : checks) {
+    Result<LegHead> head = check.leg->wait_head(nullptr);
+    if (!head) {
+      check.set->record_health(check.index, false, head.error().message);
+    } else if (head->status != 200) {
+      check.set->record_health(check.index, false, "GET /health answered HTTP " + std::to_string(head->status));
+    } else {
+      check.set->record_health(check.index, true, "");
+    }
+  }
+}
+
+void HealthMonitor::start() {
+  std::lock_guard lock(mu_);
+  if (thread_.joinable() || stopping_) return;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void HealthMonitor::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void HealthMonitor::loop() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    if (cv_.wait_for(lock, options_.interval, [this] { return stopping_; })) break;
+    lock.unlock();
+    check_all();
+    lock.lock();
+  }
+}
+
+}  // namespace siesta::proxy

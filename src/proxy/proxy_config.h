@@ -1,0 +1,46 @@
+// ProxyConfig: everything `siesta proxy` is told on its command line, as one
+// value. Built by the CLI (or a test), checked by validate_proxy_config(),
+// then handed to Proxy::start() and never changed.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "proxy/instance_url.h"
+
+namespace siesta::proxy {
+
+// How the decode leg is timed against the prefill leg.
+enum class ProxyMode {
+  kConcurrent,  // WRITE-mode P/D: both legs at once; prefill's parameters travel
+                // between the engines (side channel)
+  kSequential,  // READ-mode P/D: decode starts with the kv_transfer_params that
+                // prefill returned
+};
+Result<ProxyMode> parse_proxy_mode(std::string_view text);  // "concurrent" | "sequential"
+const char* proxy_mode_name(ProxyMode mode);
+
+struct ProxyConfig {
+  std::vector<InstanceUrl> prefill;
+  std::vector<InstanceUrl> decode;
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0: any free port (Proxy::port() says which)
+  ProxyMode mode = ProxyMode::kConcurrent;
+  // Every wait on an instance: prefill's whole answer, decode's
+  // response headers and each silence between its chunks, admin calls.
+  std::chrono::milliseconds timeout{300'000};
+  std::chrono::milliseconds connect_timeout{5'000};  // to open a connection to an instance
+  std::chrono::milliseconds health_interval{5'000};  // between health rounds
+  std::chrono::milliseconds health_timeout{2'000};   // for one GET /health
+  std::string api_key;                               // empty: none; else required from clients, sent to instances
+  size_t max_connections = 128;                      // client connections served at once (one thread each)
+};
+
+// Refuses empty instance lists, an instance listed twice in one role,
+// non-positive timeouts and a bad port, with a message naming the option.
+Result<void> validate_proxy_config(const ProxyConfig& config);
+
+}  // namespace siesta::proxy

@@ -1,0 +1,250 @@
+#include "proxy/route.h"
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/log.h"
+#include "proxy/client_aware_server.h"
+#include "proxy/leg.h"
+#include "proxy/openai_error.h"
+
+namespace siesta::proxy {
+namespace {
+
+using nlohmann::json;
+
+// What ends a wait besides its leg: the client hanging up, or the proxy
+// stopping. Copyable, so the streaming provider keeps one after the handler
+// has returned.
+struct Watch {
+  const std::atomic<bool>* stopping = nullptr;
+  std::shared_ptr<std::atomic<bool>> client_gone = std::make_shared<std::atomic<bool>>(false);
+
+  Interrupt interrupt() const {
+    return [stopping = stopping, gone = client_gone]() -> std::optional<Status> {
+      if (stopping->load()) return unavailable("the proxy is stopping");
+      if (ClientAwareServer::client_hung_up()) {
+        gone->store(true);
+        return unavailable("the client disconnected");
+      }
+      return std::nullopt;
+    };
+  }
+};
+
+std::string excerpt(const std::string& body) {
+  constexpr size_t kMax = 200;
+  return body.size() <= kMax ? body : body.substr(0, kMax) + "...";
+}
+
+std::string json_or(const std::string& content_type) {
+  return content_type.empty() ? "application/json" : content_type;
+}
+
+// The decode leg's answer as a stream of SSE chunks, fed to httplib's chunked
+// content provider one chunk per call.
+struct DecodeStream {
+  RouteContext ctx;
+  Pick decode;
+  Watch watch;
+  std::unique_ptr<Leg> leg;
+
+  bool provide(httplib::DataSink& sink) {
+    Result<std::optional<std::string>> piece = leg->next_chunk(watch.interrupt());
+    if (!piece) {
+      leg->cancel();
+      if (watch.client_gone->load()) {
+        ctx.metrics->count_client_disconnect();
+        return false;
+      }
+      if (!ctx.stopping->load()) {
+        ctx.decode->record_failure(decode.index, piece.error().message);
+        ctx.metrics->count_decode_failure();
+      }
+      SIESTA_LOG_WARN("proxy: decode instance {} failed mid-stream: {}", decode.url.text, piece.error().message);
+      const std::string event =
+          "data: " +
+          openai_error_body(502, error_code::kDecodeFailed,
+                            "decode instance " + decode.url.text + " failed mid-stream: " + piece.error().message) +
+          "\n\ndata: [DONE]\n\n";
+      sink.write(event.data(), event.size());
+      sink.done();
+      return true;
+    }
+    if (!piece->has_value()) {
+      sink.done();
+      return true;
+    }
+    const std::string& data = **piece;
+    if (!sink.write(data.data(), data.size())) {
+      leg->cancel();
+      ctx.metrics->count_client_disconnect();
+      return false;
+    }
+    return true;
+  }
+};
+
+}  // namespace
+
+void reply_error(httplib::Response& res, int status, std::string_view code, const std::string& message,
+                 const std::string& param) {
+  res.status = status;
+  res.set_content(openai_error_body(status, code, message, param), "application/json");
+}
+
+void serve_generate(const RouteContext& ctx, Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
+  ctx.metrics->count_request(endpoint);
+  const ProxyConfig& cfg = *ctx.config;
+
+  // 1. The client's body.
+  const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object())
+    return reply_error(res, 400, error_code::kInvalidJson, "the request body is not a JSON object");
+  bool stream = false;
+  if (auto it = body.find("stream"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean())
+      return reply_error(res, 400, error_code::kInvalidValue, "\"stream\" must be true or false", "stream");
+    stream = it->get<bool>();
+  }
+  const std::string request_id = ctx.ids->choose(req.get_header_value("X-Request-Id"));
+  res.set_header("X-Request-Id", request_id);
+
+  // 2. The instances.
+  const std::optional<Pick> p = ctx.prefill->pick();
+  if (!p) return reply_error(res, 503, error_code::kNoInstanceUp, ctx.prefill->describe_none_up());
+  const std::optional<Pick> d = ctx.decode->pick();
+  if (!d) return reply_error(res, 503, error_code::kNoInstanceUp, ctx.decode->describe_none_up());
+
+  std::vector<std::pair<std::string, std::string>> headers = {{"X-Request-Id", request_id}};
+  if (!cfg.api_key.empty()) headers.emplace_back("Authorization", "Bearer " + cfg.api_key);
+  const std::string path = endpoint_path(endpoint);
+  const bool sequential = cfg.mode == ProxyMode::kSequential;
+  const LegLimits prefill_limits{cfg.connect_timeout, cfg.timeout, cfg.timeout};
+  // In concurrent mode decode hears nothing before prefill answered: it may
+  // wait for prefill's deadline, then for its own.
+  const LegLimits decode_limits{cfg.connect_timeout, cfg.timeout, std::nullopt,
+                                sequential ? std::chrono::milliseconds(0) : cfg.timeout};
+  const Watch watch{ctx.stopping};
+  const Interrupt interrupt = watch.interrupt();
+
+  // 3. The legs.
+  std::unique_ptr<Leg> prefill_leg = Leg::start(
+      p->url, {"POST", path, prefill_request_body(body, endpoint).dump(), "application/json", headers}, prefill_limits);
+  std::unique_ptr<Leg> decode_leg;
+  if (!sequential) {
+    decode_leg = Leg::start(d->url,
+                            {"POST", path, decode_request_body_concurrent(body, request_id, p->url.text).dump(),
+                             "application/json", headers},
+                            decode_limits);
+  }
+
+  // Ends a request that lost its client or its proxy; true when it did.
+  auto ended_by_watch = [&]() {
+    if (watch.client_gone->load()) {
+      ctx.metrics->count_client_disconnect();
+      SIESTA_LOG_INFO("proxy: request {}: the client disconnected; legs closed", request_id);
+      res.status = 499;
+      return true;
+    }
+    if (ctx.stopping->load()) {
+      reply_error(res, 503, error_code::kProxyStopping, "the proxy is stopping");
+      return true;
+    }
+    return false;
+  };
+  auto decode_failed = [&](const Status& why) {
+    ctx.decode->record_failure(d->index, why.message);
+    ctx.metrics->count_decode_failure();
+    SIESTA_LOG_WARN("proxy: request {}: decode instance {} failed: {}", request_id, d->url.text, why.message);
+    reply_error(res, 502, error_code::kDecodeFailed, "decode instance " + d->url.text + " failed: " + why.message);
+  };
+  auto prefill_failed = [&](const std::string& why) {
+    if (decode_leg) decode_leg->cancel();
+    ctx.prefill->record_failure(p->index, why);
+    ctx.metrics->count_prefill_failure();
+    SIESTA_LOG_WARN("proxy: request {}: prefill instance {} failed: {}", request_id, p->url.text, why);
+    reply_error(res, 502, error_code::kPrefillFailed, "prefill instance " + p->url.text + " failed: " + why);
+  };
+
+  // 4. Prefill's answer; in concurrent mode a decode leg that fails first ends the wait.
+  Leg* concurrent_decode = decode_leg.get();
+  const Interrupt prefill_interrupt = [&]() -> std::optional<Status> {
+    if (std::optional<Status> stop = interrupt()) return stop;
+    if (concurrent_decode && concurrent_decode->failed()) return unavailable("the decode leg failed");
+    return std::nullopt;
+  };
+  Result<LegHead> p_head = prefill_leg->wait_head(prefill_interrupt);
+  Result<std::string> p_body = p_head ? prefill_leg->wait_body(prefill_interrupt) : Result<std::string>(p_head.error());
+  if (!p_head || !p_body) {
+    // Whether decode failed first, read before cancelling it (which fails it too).
+    const bool decode_failed_first = decode_leg && decode_leg->failed();
+    prefill_leg->cancel();
+    if (decode_leg) decode_leg->cancel();
+    if (ended_by_watch()) return;
+    if (decode_failed_first) {
+      Result<LegHead> why = decode_leg->wait_head(nullptr);
+      return decode_failed(why ? unavailable("the decode leg failed") : why.error());
+    }
+    return prefill_failed(p_head ? p_body.error().message : p_head.error().message);
+  }
+  if (p_head->status >= 400 && p_head->status < 500) {
+    // The instance refused the request itself (bad input): the client's error, passed on.
+    if (decode_leg) decode_leg->cancel();
+    ctx.metrics->count_prefill_failure();
+    res.status = p_head->status;
+    res.set_content(*p_body, json_or(p_head->content_type));
+    return;
+  }
+  if (p_head->status != 200)
+    return prefill_failed("answered HTTP " + std::to_string(p_head->status) + ": " + excerpt(*p_body));
+  Result<json> params = prefill_kv_transfer_params(*p_body, sequential);
+  if (!params) return prefill_failed(params.error().message);
+  prefill_leg.reset();
+
+  // 5. The decode leg in sequential mode; in concurrent mode its own time to answer starts now.
+  if (sequential) {
+    decode_leg = Leg::start(
+        d->url, {"POST", path, decode_request_body_sequential(body, *params).dump(), "application/json", headers},
+        decode_limits);
+  } else {
+    decode_leg->upstream_done();
+  }
+
+  // 6. Decode's answer.
+  Result<LegHead> d_head = decode_leg->wait_head(interrupt);
+  if (!d_head) {
+    decode_leg->cancel();
+    if (ended_by_watch()) return;
+    return decode_failed(d_head.error());
+  }
+  if (!stream || d_head->status != 200) {
+    Result<std::string> d_body = decode_leg->wait_body(interrupt);
+    if (!d_body) {
+      decode_leg->cancel();
+      if (ended_by_watch()) return;
+      return decode_failed(d_body.error());
+    }
+    if (d_head->status >= 500) {
+      ctx.decode->record_failure(d->index, "answered HTTP " + std::to_string(d_head->status));
+      ctx.metrics->count_decode_failure();
+    }
+    res.status = d_head->status;
+    res.set_content(*d_body, json_or(d_head->content_type));
+    return;
+  }
+  auto decode_stream = std::make_shared<DecodeStream>(DecodeStream{ctx, *d, watch, std::move(decode_leg)});
+  // Exactly text/event-stream: httplib never compresses that type, so chunks
+  // leave as they arrive.
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [decode_stream](size_t /*offset*/, httplib::DataSink& sink) { return decode_stream->provide(sink); },
+      [decode_stream](bool success) {
+        if (!success) decode_stream->leg->cancel();
+      });
+}
+
+}  // namespace siesta::proxy
