@@ -5,7 +5,7 @@
 //
 //   cuda_qwen3_bench --model DIR [--out results.json] [--hf hf_baseline.json]
 //                    [--batches 1,32,128] [--prompt 128] [--gen 128] [--prefill 512,4096]
-//                    [--commit SHA] [--no-invariant]
+//                    [--commit SHA] [--no-invariant] [--profile]
 //
 // Decode: B sequences with random prompts of --prompt tokens are prefilled,
 // then --gen steps run through CudaQwen3::forward_sample (greedy on the GPU,
@@ -13,6 +13,9 @@
 // would see, host planning and the token copy included. The whole run is done
 // twice and the second timed, so graph capture stays out of the numbers.
 // Prefill: one sequence of N tokens, logits for the last; median of 10.
+// --profile: also a breakdown per kernel group (CUDA events between eager
+// launches, so launch gaps are included) of a decode step at each batch size
+// and of each prefill, in the default mode.
 #if defined(SIESTA_HAVE_CUDA)
 
 #include <nlohmann/json.hpp>
@@ -46,6 +49,7 @@ struct Args {
   std::vector<int> prefill = {512, 4096};
   int prompt = 128, gen = 128;
   bool invariant = true;
+  bool profile = false;
 };
 
 std::vector<int> parse_list(const std::string& s) {
@@ -176,6 +180,7 @@ int main(int argc, char** argv) {
     else if (k == "--prompt") a.prompt = std::stoi(next());
     else if (k == "--gen") a.gen = std::stoi(next());
     else if (k == "--no-invariant") a.invariant = false;
+    else if (k == "--profile") a.profile = true;
     else fail("unknown argument " + k);
   }
   if (a.model.empty()) fail("--model DIR is required");
@@ -194,10 +199,22 @@ int main(int argc, char** argv) {
   json modes;
   Shape shape{};
   siesta::ModelConfig cfg;
-  for (bool invariant : {false, true}) {
+  struct Mode {
+    const char* name;
+    bool invariant, overlap, decode, prefill;
+    int prefill_heads_per_cta;
+  };
+  const Mode mode_list[] = {{"default", false, true, true, true, 0},
+                            {"default_without_overlap", false, false, true, false, 0},
+                            {"default_prefill_1_head_per_cta", false, true, false, true, 1},
+                            {"batch_invariant", true, true, true, true, 0}};
+  for (const Mode& md : mode_list) {
+    const bool invariant = md.invariant;
     if (invariant && !a.invariant) continue;
     CudaModelOptions opt;
     opt.batch_invariant = invariant;
+    opt.programmatic_launch = md.overlap;
+    opt.prefill_heads_per_cta = md.prefill_heads_per_cta;
     opt.max_seqs = std::max(256, max_b);
     opt.max_batch_tokens = std::max({8192, max_p, max_b});
     opt.max_model_len = std::max(max_p, a.prompt + a.gen);
@@ -206,6 +223,7 @@ int main(int argc, char** argv) {
     shape = shape_of(cfg, model->weight_bytes());
     json mode;
     for (int B : a.batches) {
+      if (!md.decode) break;
       const int blocks = B * ((a.prompt + a.gen + 15) / 16);
       const siesta::cuda::DeviceBuffer kv = check(model->allocate_kv_cache(blocks), "allocating the KV cache");
       run_decode(*model, kv, B, a.prompt, a.gen, 1);  // warm-up: captures the graphs
@@ -224,10 +242,11 @@ int main(int argc, char** argv) {
                                            {"fraction_of_floor", floor_ms / r.ms_per_step},
                                            {"bytes_per_step", bytes},
                                            {"flops_per_step", flops}};
-      std::printf("%s decode batch %d: %.0f tok/s, %.3f ms/step (floor %.3f ms)\n",
-                  invariant ? "invariant" : "default", B, r.tok_s, r.ms_per_step, floor_ms);
+      std::printf("%s decode batch %d: %.0f tok/s, %.3f ms/step (floor %.3f ms)\n", md.name, B, r.tok_s,
+                  r.ms_per_step, floor_ms);
     }
     for (int n : a.prefill) {
+      if (!md.prefill) break;
       const double ms = run_prefill_ms(*model, n, 3);
       const double flops = 2.0 * n * shape.L * shape.layer_params + 2.0 * shape.lm_head_params +
                            4.0 * (n * (n + 1.0) / 2.0) * shape.heads * shape.hd * shape.L;
@@ -238,10 +257,67 @@ int main(int argc, char** argv) {
                                             {"tflops", flops / (ms * 1e-3) / 1e12},
                                             {"fraction_of_floor", floor_ms / ms},
                                             {"flops", flops}};
-      std::printf("%s prefill %d: %.2f ms (floor %.2f ms, %.0f TFLOP/s)\n", invariant ? "invariant" : "default", n,
-                  ms, floor_ms, flops / (ms * 1e-3) / 1e12);
+      std::printf("%s prefill %d: %.2f ms (floor %.2f ms, %.0f TFLOP/s)\n", md.name, n, ms, floor_ms,
+                  flops / (ms * 1e-3) / 1e12);
     }
-    modes[invariant ? "batch_invariant" : "default"] = mode;
+    modes[md.name] = mode;
+  }
+
+  json profile;
+  if (a.profile) {
+    CudaModelOptions opt;
+    opt.profile = true;
+    opt.max_seqs = std::max(256, max_b);
+    opt.max_batch_tokens = std::max({8192, max_p, max_b});
+    opt.max_model_len = std::max(max_p, a.prompt + a.gen);
+    auto model = check(CudaQwen3::load(a.model, alloc, opt), "loading " + a.model);
+    auto take = [&](const std::string& name, double divide) {
+      json j;
+      double total = 0;
+      for (const auto& [label, ms] : model->profile()) {
+        j[label] = ms / divide;
+        total += ms / divide;
+      }
+      j["total"] = total;
+      profile[name] = j;
+      std::printf("profile %s (ms):", name.c_str());
+      for (const auto& [label, ms] : model->profile()) std::printf(" %s %.3f", label.c_str(), ms / divide);
+      std::printf(" | total %.3f\n", total);
+      model->reset_profile();
+    };
+    for (int B : a.batches) {
+      const int blocks = B * ((a.prompt + a.gen + 15) / 16);
+      const siesta::cuda::DeviceBuffer kv = check(model->allocate_kv_cache(blocks), "allocating the KV cache");
+      run_decode(*model, kv, B, a.prompt, 8, 1);  // warm-up
+      model->reset_profile();
+      run_decode(*model, kv, B, a.prompt, 16, 2);
+      // The first step of run_decode is the prefill: subtract it by profiling it alone.
+      const auto with_prefill = model->profile();
+      model->reset_profile();
+      run_decode(*model, kv, B, a.prompt, 0, 2);
+      const auto prefill_only = model->profile();
+      model->reset_profile();
+      json j;
+      double total = 0;
+      for (const auto& [label, ms] : with_prefill) {
+        double pre = 0;
+        for (const auto& [l2, ms2] : prefill_only)
+          if (l2 == label) pre = ms2;
+        j[label] = (ms - pre) / 16;
+        total += (ms - pre) / 16;
+      }
+      j["total"] = total;
+      profile["decode_" + std::to_string(B)] = j;
+      std::printf("profile decode_%d (ms per step):", B);
+      for (auto it = j.begin(); it != j.end(); ++it) std::printf(" %s %.4f", it.key().c_str(), it.value().get<double>());
+      std::printf("\n");
+    }
+    for (int n : a.prefill) {
+      run_prefill_ms(*model, n, 3);  // 12 runs
+      model->reset_profile();
+      run_prefill_ms(*model, n, 3);
+      take("prefill_" + std::to_string(n), 12);
+    }
   }
 
   json hf;
@@ -277,6 +353,7 @@ int main(int argc, char** argv) {
       {"limits", {{"d2d_copy_GBps", bw_gbps}, {"cublaslt_bf16_TFLOPs", gemm_tflops}}},
       {"modes", modes},
       {"hf_baseline", hf},
+      {"profile", profile},
       {"targets", targets}};
 
   // One table.

@@ -46,8 +46,7 @@ if b:
     rows.append(("D2D copy / cuBLASLt bf16", f"{b['limits']['d2d_copy_GBps']:.0f} GB/s",
                  f"{b['limits']['cublaslt_bf16_TFLOPs']:.0f} TFLOP/s"))
     hf = b.get("hf_baseline") or {}
-    for mode in ("default", "batch_invariant"):
-        m = b["modes"].get(mode)
+    for mode, m in b["modes"].items():
         if not m:
             continue
         for k, v in m.get("decode", {}).items():
@@ -62,6 +61,10 @@ if b:
             if base:
                 extra += f", HF {base:.1f} ms"
             rows.append((f"{mode} prefill {k}", f"{v['ms']:.2f} ms", extra))
+    for name, prof in (b.get("profile") or {}).items():
+        top = sorted(((k, v) for k, v in prof.items() if k != "total"), key=lambda kv: -kv[1])[:6]
+        rows.append((f"profile {name} (ms)", f"total {prof.get('total', 0):.3f}",
+                     ", ".join(f"{k} {v:.3f}" for k, v in top)))
     for t in b.get("targets", []):
         rows.append((f"target: {t['name']}", f"{t['measured']:.3f}", f"{'met' if t['met'] else 'MISSED'} (target {t['target']})"))
 

@@ -1,10 +1,12 @@
 // The CUDA model against Hugging Face references made on the GPU machine by
 // tests/cuda/hf_reference.py (scripts/device-check runs both):
 //   SIESTA_HF_MODEL=DIR SIESTA_HF_REF=REFDIR [SIESTA_HF_REPORT=out.json] [SIESTA_HF_CPU=N]
-// Logits of every prompt position within bf16 tolerance of HF's fp32 forward,
-// and greedy continuations equal to HF's bf16 greedy run — where they differ,
-// HF's own top-2 margin at that step must be a near-tie (below our measured
-// logit error), which is rounding, not a bug. With SIESTA_HF_CPU=N the first
+// Logits of every prompt position within 2e-2 (relative to the row's largest
+// logit) of HF's bf16 forward, and no further from HF's fp32 forward than
+// HF's own bf16 model is (x1.5, at least 2e-2); greedy continuations equal to
+// HF's bf16 greedy run — where they differ, HF's own top-2 margin at that step
+// must be a near-tie (within our measured logit error, or two bf16 steps at
+// the logits' scale), which is rounding, not a bug. With SIESTA_HF_CPU=N the first
 // N prompts also run through the CPU fp32 reference. Skips when the variables
 // are unset or without a GPU.
 #include <gtest/gtest.h>
@@ -170,11 +172,21 @@ TEST_F(HfReference, LogitsWithinBf16ToleranceOfHuggingFace) {
     all_bf16.add(ours, b16);
     Stats hf_self;  // HF bf16 vs HF fp32: the scale of bf16 rounding itself
     hf_self.add(b16, f32);
+    double hf_self_pos = 0, worst_bf16_pos = 0;
+    for (size_t p = 0; p < prompts_[i].ids.size(); ++p) {
+      Stats a, b;
+      a.add({b16.data() + p * V, static_cast<size_t>(V)}, {f32.data() + p * V, static_cast<size_t>(V)});
+      b.add({ours.data() + p * V, static_cast<size_t>(V)}, {b16.data() + p * V, static_cast<size_t>(V)});
+      hf_self_pos = std::max(hf_self_pos, a.rel());
+      worst_bf16_pos = std::max(worst_bf16_pos, b.rel());
+    }
     per_prompt.push_back({{"tokens", prompts_[i].ids.size()},
                           {"max_rel_err_vs_hf_fp32_per_position", worst_pos},
-                          {"max_rel_err_vs_hf_bf16", sb.rel()},
-                          {"hf_bf16_vs_hf_fp32", hf_self.rel()}});
-    EXPECT_LE(worst_pos, 2e-2) << "prompt " << i;
+                          {"max_rel_err_vs_hf_bf16_per_position", worst_bf16_pos},
+                          {"hf_bf16_vs_hf_fp32_per_position", hf_self_pos}});
+    EXPECT_LE(worst_bf16_pos, 2e-2) << "prompt " << i << ": against HF's bf16 logits";
+    EXPECT_LE(worst_pos, std::max(2e-2, 1.5 * hf_self_pos))
+        << "prompt " << i << ": against HF's fp32 logits (HF's bf16 model itself is " << hf_self_pos << " away)";
   }
   std::cout << "[" << model_dir_.filename().string() << "] max relative logits error vs HF fp32: " << all_f32.rel()
             << ", vs HF bf16: " << all_bf16.rel() << "\n";
@@ -210,7 +222,9 @@ TEST_F(HfReference, GreedyTokensEqualHuggingFaceBf16ExceptAtNearTies) {
         Stats s;
         const size_t last = p.ids.size() - 1;
         s.add({mine.data() + last * V, static_cast<size_t>(V)}, {ref.data() + last * V, static_cast<size_t>(V)});
-        const double tol = 4 * s.max_abs_diff;
+        // Two bf16 steps at the scale of the largest logit: below that, bf16 logits tie or flip.
+        const double ulp2 = 2 * std::ldexp(1.0, static_cast<int>(std::floor(std::log2(s.max_ref))) - 7);
+        const double tol = std::max(4 * s.max_abs_diff, ulp2);
         row["hf_margin_at_divergence"] = p.margins_bf16[same];
         row["our_margin_at_divergence"] = ours_margin[same];
         row["near_tie_tolerance"] = tol;
@@ -251,7 +265,15 @@ TEST_F(HfReference, AgreesWithTheCpuReference) {
   std::cout << "[" << model_dir_.filename().string() << "] max relative logits error vs the CPU fp32 model (" << n
             << " prompts): " << s.rel() << "\n";
   (*report_)["cpu"] = {{"prompts", n}, {"max_rel_err_vs_cpu_fp32", s.rel()}};
-  EXPECT_LE(s.rel(), 2e-2);
+  // The CPU model is fp32: the same bound as against HF's fp32 logits.
+  double hf_self = 0;
+  const int64_t V = m->config().vocab_size;
+  for (size_t i = 0; i < n; ++i) {
+    Stats a;
+    a.add(ref_logits("bf16", i, V), ref_logits("f32", i, V));
+    hf_self = std::max(hf_self, a.rel());
+  }
+  EXPECT_LE(s.rel(), std::max(2e-2, 1.5 * hf_self)) << "HF's bf16 model is " << hf_self << " from its fp32 logits";
 }
 
 }  // namespace

@@ -248,7 +248,7 @@ TEST_F(CudaKernels, GemvWithEachPrologueAndEpilogue) {
       d_x.upload(x);
       // f32 out
       DeviceArray<float> d_f(static_cast<size_t>(M) * N);
-      GemvArgs g{B(d_x), B(d_nw), 1e-6f, B(d_w), M, N, K, in, GemvOutput::kF32, d_f.get()};
+      GemvArgs g{B(d_x), B(d_nw), 1e-6f, B(d_w), M, N, K, in, GemvOutput::kLogits, d_f.get()};
       CUDA_OK(launch_gemv(g, nullptr));
       // residual add
       auto res = random_bf16(static_cast<size_t>(M) * N, rng);
@@ -258,7 +258,8 @@ TEST_F(CudaKernels, GemvWithEachPrologueAndEpilogue) {
       g.out = d_res.get();
       CUDA_OK(launch_gemv(g, nullptr));
       CUDA_OK(cudaDeviceSynchronize());
-      EXPECT_LT(rel_err(d_f.download(), want), 2e-3) << "M " << M << " input " << static_cast<int>(in);
+      // Logits output: bf16-rounded values in fp32.
+      EXPECT_LT(rel_err(d_f.download(), want), 5e-3) << "M " << M << " input " << static_cast<int>(in);
       const auto resf = to_f32(res), got = to_f32(d_res.download());
       std::vector<float> want_res(resf.size());
       for (size_t i = 0; i < want_res.size(); ++i) want_res[i] = rb(resf[i] + rb(want[i]));
@@ -281,7 +282,7 @@ TEST_F(CudaKernels, FixedGemmIsCorrectAndRowsDoNotDependOnM) {
     CUDA_OK(launch_fixed_gemm(B(d_a), B(d_w), d_y.get(), true, M, N, K, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
     outs.push_back(d_y.download());
-    EXPECT_LT(rel_err(outs.back(), std::vector<float>(want.begin(), want.begin() + static_cast<size_t>(M) * N)), 2e-3)
+    EXPECT_LT(rel_err(outs.back(), std::vector<float>(want.begin(), want.begin() + static_cast<size_t>(M) * N)), 5e-3)
         << "M " << M;
   }
   // Row 0 (and row 12) bit-identical whatever M.
@@ -414,7 +415,7 @@ TEST_F(CudaKernels, DecodeAttentionSplitsLongContextsAndMatchesReference) {
 // Runs prefill attention for one sequence whose first `start` positions are
 // already cached, over its new tokens [start, start + n).
 std::vector<float> run_prefill(const AttnFixture& f, Bf16Array& d_cache, const std::vector<int32_t>& table,
-                               const std::vector<uint16_t>& q_all, int start, int n) {
+                               const std::vector<uint16_t>& q_all, int start, int n, int heads_per_cta = 0) {
   const int heads = f.heads, hd = f.hd;
   std::vector<uint16_t> q(q_all.begin() + static_cast<size_t>(start) * heads * hd,
                           q_all.begin() + static_cast<size_t>(start + n) * heads * hd);
@@ -444,6 +445,7 @@ std::vector<float> run_prefill(const AttnFixture& f, Bf16Array& d_cache, const s
   a.seq_table_start = d_ts.get();
   a.block_tables = d_tables.get();
   a.prefill_items = d_items.get();
+  a.prefill_heads_per_cta = heads_per_cta;
   EXPECT_EQ(launch_prefill_attention(a, static_cast<int>(items.size() / 2), nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return to_f32(d_out.download());
@@ -489,6 +491,8 @@ TEST_F(CudaKernels, PrefillAttentionIsCausalMatchesReferenceAndIgnoresChunking) 
     const auto tail = run_prefill(f, d_cache, table, q, 150, 150);
     const size_t row = static_cast<size_t>(heads) * hd;
     EXPECT_TRUE(std::equal(tail.begin(), tail.end(), whole.begin() + 80 * row)) << "head_dim " << hd;
+    // One query head per CTA instead of two: the same arithmetic per row.
+    EXPECT_EQ(run_prefill(f, d_cache, table, q, 70, 230, 1), whole) << "head_dim " << hd;
   }
 }
 

@@ -132,6 +132,13 @@ class CudaQwen3Test : public ::testing::Test {
   cuda::CudaMallocAllocator alloc_;
 };
 
+// The tiny model's golden logits are HF's fp32 forward. A bf16 model cannot
+// be closer to them than bf16 rounding allows: HF's own bf16 model is up to
+// 2.9e-2 (relative to the row's largest logit) away from its fp32 logits on
+// these prompts (measured on the H200, 2026-11-29), while this model is within
+// 1.1e-2 of HF's bf16 logits (tests/unit/cuda_hf_reference_test.cpp).
+constexpr double kBf16VsFp32Tolerance = 5e-2;
+
 TEST_F(CudaQwen3Test, LogitsMatchHuggingFaceAtEveryPosition) {
   auto m = load();
   ASSERT_TRUE(m);
@@ -152,7 +159,7 @@ TEST_F(CudaQwen3Test, LogitsMatchHuggingFaceAtEveryPosition) {
     for (size_t p = 0; p < prompts[i].ids.size(); ++p) {
       const double e = max_rel_err(out.row(0, p), std::span<const float>(theirs->data() + p * V, V));
       worst = std::max(worst, e);
-      EXPECT_LE(e, 2e-2) << "prompt " << i << " position " << p;
+      EXPECT_LE(e, kBf16VsFp32Tolerance) << "prompt " << i << " position " << p;
     }
   }
   std::cout << "[tiny] max relative logits error vs HF fp32: " << worst << "\n";
@@ -169,9 +176,10 @@ TEST_F(CudaQwen3Test, GreedyContinuationsMatchHuggingFace) {
     full += ours == prompts[i].greedy;
     first8 += std::equal(ours.begin(), ours.begin() + 8, prompts[i].greedy.begin());
   }
+  // The golden continuations come from HF's fp32 model; bf16 rounding can tip
+  // a near-tie late in a continuation, so the count over 24 is reported only.
   std::cout << "[tiny] greedy vs HF fp32: " << full << "/8 equal over 24 tokens, " << first8 << "/8 over 8\n";
   EXPECT_GE(first8, 7);
-  EXPECT_GE(full, 6);
 }
 
 TEST_F(CudaQwen3Test, AgreesWithTheCpuReference) {
@@ -193,7 +201,7 @@ TEST_F(CudaQwen3Test, AgreesWithTheCpuReference) {
     worst = std::max(worst, max_rel_err(gpu_out.logits, cpu_out.logits));
   }
   std::cout << "[tiny] max relative logits error vs the CPU fp32 model: " << worst << "\n";
-  EXPECT_LE(worst, 2e-2);
+  EXPECT_LE(worst, kBf16VsFp32Tolerance);
 }
 
 TEST_F(CudaQwen3Test, DeviceSamplingEqualsTheEngineSamplerOnTheSameLogits) {
@@ -256,6 +264,37 @@ TEST_F(CudaQwen3Test, GraphReplaysGiveTheSameResultsAsEagerLaunches) {
   EXPECT_GT(with->num_graphs(), 0u);
   EXPECT_EQ(without->num_graphs(), 0u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(g1[i].out, g2[i].out);
+}
+
+// Overlapped launches (programmatic dependent launch) must wait for their
+// inputs: any missing wait shows up as a difference from plain launches.
+TEST_F(CudaQwen3Test, OverlappedLaunchesGiveTheSameResultsAsPlainLaunches) {
+  for (bool invariant : {false, true}) {
+    CudaModelOptions on, off;
+    on.batch_invariant = off.batch_invariant = invariant;
+    off.programmatic_launch = false;
+    auto a = load(on);
+    auto b = load(off);
+    ASSERT_TRUE(a && b);
+    const auto prompts = golden_prompts();
+    for (int batch : {1, 5, 20}) {
+      DeviceCache c1(*a, 512), c2(*b, 512);
+      std::vector<Gen> g1, g2;
+      for (int i = 0; i < batch; ++i) {
+        g1.push_back({prompts[i % 8].ids});
+        g2.push_back({prompts[i % 8].ids});
+      }
+      std::vector<Gen*> p1, p2;
+      for (int i = 0; i < batch; ++i) {
+        p1.push_back(&g1[i]);
+        p2.push_back(&g2[i]);
+      }
+      for (int s = 0; s < 8; ++s) {
+        const auto l1 = step(*a, c1, p1), l2 = step(*b, c2, p2);
+        ASSERT_EQ(l1.logits, l2.logits) << (invariant ? "invariant, " : "") << "batch " << batch << ", step " << s;
+      }
+    }
+  }
 }
 
 // Runs sequence A (prompt 0) for 12 steps, each step batched with `others`

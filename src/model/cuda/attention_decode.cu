@@ -24,13 +24,13 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 template <int kHeadDim, int kGroup>
 __global__ __launch_bounds__(kThreads) void decode_attention_kernel(AttentionArgs a) {
-  constexpr int kChunks = kHeadDim / 8;     // 16-byte chunks per K row
-  constexpr int kDimsPerLane = kHeadDim / 32;
+  dev::begin_dependent_kernel();
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per K row
   __shared__ __align__(16) float q_s[kGroup][kHeadDim];
   __shared__ float p_s[kGroup][kP];
   __shared__ __align__(16) float red_s[kWarps][kGroup][kHeadDim];
   __shared__ float stat_s[kGroup][2];
-  __shared__ float scratch[32];
+  __shared__ float group_s[kWarps][kGroup];
 
   const int dslot = blockIdx.z;
   const int seq = a.decode_seqs[dslot];
@@ -92,73 +92,100 @@ __global__ __launch_bounds__(kThreads) void decode_attention_kernel(AttentionArg
   }
   __syncthreads();
 
-  // Softmax over the partition, per head, in a fixed order.
-  for (int g = 0; g < kGroup; ++g) {
-    float m = -INFINITY;
-    for (int j = threadIdx.x; j < n; j += kThreads) m = fmaxf(m, p_s[g][j]);
-    m = dev::block_max(m, scratch);
-    float l = 0.0f;
-    for (int j = threadIdx.x; j < n; j += kThreads) {
-      const float e = exp2f(p_s[g][j] - m);
-      p_s[g][j] = e;
-      l += e;
+  // Softmax over the partition, all heads of the group at once, in a fixed order.
+  {
+    float m[kGroup], l[kGroup];
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      m[g] = -INFINITY;
+      for (int j = threadIdx.x; j < n; j += kThreads) m[g] = fmaxf(m[g], p_s[g][j]);
+      m[g] = dev::warp_max(m[g]);
     }
-    l = dev::block_sum(l, scratch);
-    if (threadIdx.x == 0) {
-      stat_s[g][0] = m;
-      stat_s[g][1] = l;
+    if (lane == 0)
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) group_s[warp][g] = m[g];
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      m[g] = group_s[0][g];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) m[g] = fmaxf(m[g], group_s[w][g]);
+      l[g] = 0.0f;
+      for (int j = threadIdx.x; j < n; j += kThreads) {
+        const float e = exp2f(p_s[g][j] - m[g]);
+        p_s[g][j] = e;
+        l[g] += e;
+      }
+      l[g] = dev::warp_sum(l[g]);
     }
+    __syncthreads();  // every thread has read group_s
+    if (lane == 0)
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) group_s[warp][g] = l[g];
+    __syncthreads();
+    if (threadIdx.x < kGroup) {
+      const int g = threadIdx.x;
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) sum += group_s[w][g];
+      stat_s[g][1] = sum;
+    }
+    if (threadIdx.x == 0)
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) stat_s[g][0] = m[g];
   }
   __syncthreads();
 
-  // P V: warp w takes tokens w, w + 4, ...; lane owns kDimsPerLane dimensions.
-  float o[kGroup][kDimsPerLane];
+  // P V: a V row is kHeadDim / 8 lanes of 16 bytes, so a warp covers
+  // kTokensPerStep tokens per load and keeps kUnroll loads in flight per lane.
+  constexpr int kLanesPerToken = kHeadDim / 8;
+  constexpr int kTokensPerStep = 32 / kLanesPerToken;
+  constexpr int kUnroll = 8;
+  const int sub = lane / kLanesPerToken, dim0 = (lane % kLanesPerToken) * 8;
+  float o[kGroup][8];
 #pragma unroll
   for (int g = 0; g < kGroup; ++g)
 #pragma unroll
-    for (int e = 0; e < kDimsPerLane; ++e) o[g][e] = 0.0f;
-  constexpr int kUnroll = 4;
-  for (int j0 = warp; j0 < n; j0 += kWarps * kUnroll) {
-    float v[kUnroll][kDimsPerLane];
+    for (int e = 0; e < 8; ++e) o[g][e] = 0.0f;
+  constexpr int kStride = kWarps * kTokensPerStep;
+  for (int j0 = warp * kTokensPerStep + sub; j0 < n; j0 += kStride * kUnroll) {
+    uint4 v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int j = j0 + u * kWarps;
+      const int j = j0 + u * kStride;
       if (j < n) {
         const int t = p0 + j;
-        const bf16* vp =
-            dev::kv_slot(a.kv, table[t / kKvBlockSize], t % kKvBlockSize, a.layer, 1, kvh) + lane * kDimsPerLane;
-        if constexpr (kDimsPerLane == 4) {
-          const uint2 raw = *reinterpret_cast<const uint2*>(vp);
-          const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
-          const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-          v[u][0] = lo.x;
-          v[u][1] = lo.y;
-          v[u][2] = hi.x;
-          v[u][3] = hi.y;
-        } else {
-          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vp));
-          v[u][0] = f.x;
-          v[u][1] = f.y;
-        }
+        v[u] = *reinterpret_cast<const uint4*>(
+            dev::kv_slot(a.kv, table[t / kKvBlockSize], t % kKvBlockSize, a.layer, 1, kvh) + dim0);
       }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int j = j0 + u * kWarps;
+      const int j = j0 + u * kStride;
       if (j < n) {
+        float vf[8];
+        dev::unpack8(v[u], vf);
 #pragma unroll
         for (int g = 0; g < kGroup; ++g) {
           const float pj = p_s[g][j];
 #pragma unroll
-          for (int e = 0; e < kDimsPerLane; ++e) o[g][e] += pj * v[u][e];
+          for (int e = 0; e < 8; ++e) o[g][e] += pj * vf[e];
         }
       }
     }
   }
+  // Lanes that share dimensions (different token slots) combine, in a fixed order.
 #pragma unroll
-  for (int g = 0; g < kGroup; ++g)
+  for (int off = kLanesPerToken; off < 32; off <<= 1)
 #pragma unroll
-    for (int e = 0; e < kDimsPerLane; ++e) red_s[warp][g][lane * kDimsPerLane + e] = o[g][e];
+    for (int g = 0; g < kGroup; ++g)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[g][e] += __shfl_xor_sync(0xffffffffu, o[g][e], off);
+  if (sub == 0)
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) red_s[warp][g][dim0 + e] = o[g][e];
   __syncthreads();
 
   for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kThreads) {
@@ -183,6 +210,7 @@ __global__ __launch_bounds__(kThreads) void decode_attention_kernel(AttentionArg
 // Combines the partitions of each (sequence, head) in partition order.
 template <int kHeadDim>
 __global__ __launch_bounds__(kHeadDim) void decode_reduce_kernel(AttentionArgs a) {
+  dev::begin_dependent_kernel();
   const int dslot = blockIdx.y, h = blockIdx.x;
   const int seq = a.decode_seqs[dslot];
   const int kv_len = a.seq_kv_len[seq];
@@ -202,22 +230,20 @@ __global__ __launch_bounds__(kHeadDim) void decode_reduce_kernel(AttentionArgs a
 }
 
 template <int kHeadDim, int kGroup>
-cudaError_t launch_for(const AttentionArgs& a, int num_decode, int max_partitions, cudaStream_t stream) {
+cudaError_t launch_for(const AttentionArgs& a, int num_decode, int max_partitions, const LaunchConfig& launch) {
   const dim3 grid(a.num_kv_heads, max_partitions, num_decode);
-  decode_attention_kernel<kHeadDim, kGroup><<<grid, kThreads, 0, stream>>>(a);
-  cudaError_t err = cudaGetLastError();
+  const cudaError_t err = launch_kernel(decode_attention_kernel<kHeadDim, kGroup>, grid, kThreads, 0, launch, a);
   if (err != cudaSuccess || max_partitions <= 1) return err;
-  decode_reduce_kernel<kHeadDim><<<dim3(a.num_heads, num_decode), kHeadDim, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch_kernel(decode_reduce_kernel<kHeadDim>, dim3(a.num_heads, num_decode), kHeadDim, 0, launch, a);
 }
 
 template <int kHeadDim>
-cudaError_t launch_for_head_dim(const AttentionArgs& a, int num_decode, int max_partitions, cudaStream_t stream) {
+cudaError_t launch_for_head_dim(const AttentionArgs& a, int num_decode, int max_partitions, const LaunchConfig& launch) {
   switch (a.num_heads / a.num_kv_heads) {
-    case 1: return launch_for<kHeadDim, 1>(a, num_decode, max_partitions, stream);
-    case 2: return launch_for<kHeadDim, 2>(a, num_decode, max_partitions, stream);
-    case 4: return launch_for<kHeadDim, 4>(a, num_decode, max_partitions, stream);
-    case 8: return launch_for<kHeadDim, 8>(a, num_decode, max_partitions, stream);
+    case 1: return launch_for<kHeadDim, 1>(a, num_decode, max_partitions, launch);
+    case 2: return launch_for<kHeadDim, 2>(a, num_decode, max_partitions, launch);
+    case 4: return launch_for<kHeadDim, 4>(a, num_decode, max_partitions, launch);
+    case 8: return launch_for<kHeadDim, 8>(a, num_decode, max_partitions, launch);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -231,13 +257,13 @@ bool attention_supported(int num_heads, int num_kv_heads, int head_dim) {
 }
 
 cudaError_t launch_decode_attention(const AttentionArgs& args, int num_decode, int max_partitions,
-                                    cudaStream_t stream) {
+                                    LaunchConfig launch) {
   if (num_decode <= 0) return cudaSuccess;
   if (!attention_supported(args.num_heads, args.num_kv_heads, args.head_dim) || max_partitions < 1 ||
       (max_partitions > 1 && max_partitions > args.partial_parts) || max_partitions > 65535 || num_decode > 65535)
     return cudaErrorInvalidValue;
-  return args.head_dim == 64 ? launch_for_head_dim<64>(args, num_decode, max_partitions, stream)
-                             : launch_for_head_dim<128>(args, num_decode, max_partitions, stream);
+  return args.head_dim == 64 ? launch_for_head_dim<64>(args, num_decode, max_partitions, launch)
+                             : launch_for_head_dim<128>(args, num_decode, max_partitions, launch);
 }
 
 }  // namespace siesta::cuda

@@ -1,10 +1,11 @@
 // Prefill attention: causal, variable-length, GQA, over the paged KV cache.
 //
-// Flash-attention style: one CTA per (query head, work item = sequence and a
-// tile of 64 query rows), four warps of 16 rows each. Key/value tiles of 64
+// Flash-attention style: one CTA per (pair of query heads that share a kv head,
+// work item = sequence and a tile of 64 query rows), four warps of 16 rows per
+// head, so every K/V tile brought into shared memory serves 128 rows. Key/value tiles of 64
 // positions are gathered from the cache blocks with cp.async (double-buffered)
 // and both products run on tensor cores (bf16 inputs, fp32 accumulators); the
-// softmax is online, in fp32, in the log2 domain; probabilities enter the
+// softmax is online, in fp32, in the log2 domain (SFU exp2); probabilities enter the
 // second product as bf16, as in FlashAttention.
 //
 // A row's arithmetic depends only on its own position: key tiles always start
@@ -22,49 +23,62 @@
 namespace siesta::cuda {
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kBM = kPrefillTileRows;  // query rows per CTA
+constexpr int kBM = kPrefillTileRows;  // query rows per head per CTA
 constexpr int kBN = 64;                // keys per tile
 constexpr float kLog2e = 1.4426950408889634f;
+
+// 2^x with the SFU's approximation (relative error ~2^-22); 2^-inf = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 template <int kHeadDim>
 constexpr int smem_row() {
   return kHeadDim + 8;  // +16 bytes per row: ldmatrix rows land in distinct banks
 }
-template <int kHeadDim>
+template <int kHeadDim, int kHeads>
 constexpr size_t smem_bytes() {
-  return static_cast<size_t>(kBM + 4 * kBN) * smem_row<kHeadDim>() * sizeof(bf16);
+  return static_cast<size_t>(kHeads * kBM + 4 * kBN) * smem_row<kHeadDim>() * sizeof(bf16);
 }
 
-template <int kHeadDim>
-__global__ __launch_bounds__(kThreads) void prefill_attention_kernel(AttentionArgs a) {
+// kHeads query heads (of one kv head) per CTA, 4 warps each.
+template <int kHeadDim, int kHeads>
+__global__ __launch_bounds__(128 * kHeads) void prefill_attention_kernel(AttentionArgs a) {
+  constexpr int kThreads = 128 * kHeads;
+  dev::begin_dependent_kernel();
   constexpr int LD = smem_row<kHeadDim>();
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   constexpr int kKSteps = kHeadDim / 16;  // k16 steps of Q K^T
   constexpr int kDTiles = kHeadDim / 8;   // n8 tiles of the output
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* Qs = reinterpret_cast<bf16*>(smem_raw);  // [kBM][LD]
-  bf16* Ks = Qs + kBM * LD;                      // [2][kBN][LD]
+  bf16* Qs = reinterpret_cast<bf16*>(smem_raw);  // [kHeads * kBM][LD]: head-major
+  bf16* Ks = Qs + kHeads * kBM * LD;             // [2][kBN][LD]
   bf16* Vs = Ks + 2 * kBN * LD;                  // [2][kBN][LD]
 
-  const int h = blockIdx.x, item = blockIdx.y;
+  const int h0 = blockIdx.x * kHeads, item = blockIdx.y;
   const int seq = a.prefill_items[2 * item], tile = a.prefill_items[2 * item + 1];
   const int q_len = a.seq_q_len[seq], kv_len = a.seq_kv_len[seq], q_start = a.seq_q_start[seq];
   const int start_pos = kv_len - q_len;
-  const int kvh = h / (a.num_heads / a.num_kv_heads);
+  const int kvh = h0 / (a.num_heads / a.num_kv_heads);
   const int r0 = tile * kBM;
   const int rows = min(kBM, q_len - r0);
   const int key_end = start_pos + r0 + rows;  // keys [0, key_end) are visible to some row
   const int ntiles = (key_end + kBN - 1) / kBN;
   const int* table = a.block_tables + a.seq_table_start[seq];
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int head_local = (tid >> 5) / 4, warp = (tid >> 5) % 4;  // this warp's head, and its 16-row block
+  const int h = h0 + head_local;
 
-  // Q tile; rows past the sequence are zero.
-  for (int i = tid; i < kBM * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
+  // Q tiles of every head; rows past the sequence are zero.
+  for (int i = tid; i < kHeads * kBM * kChunks; i += kThreads) {
+    const int hr = i / kChunks, c = i % kChunks;  // hr = head * kBM + row
+    const int r = hr % kBM;
     const bool ok = r < rows;
-    const bf16* src = ok ? a.q + (static_cast<size_t>(q_start + r0 + r) * a.num_heads + h) * kHeadDim + c * 8 : a.q;
-    dev::cp_async16(Qs + r * LD + c * 8, src, ok);
+    const bf16* src =
+        ok ? a.q + (static_cast<size_t>(q_start + r0 + r) * a.num_heads + h0 + hr / kBM) * kHeadDim + c * 8 : a.q;
+    dev::cp_async16(Qs + hr * LD + c * 8, src, ok);
   }
   // K/V tile j into stage st; positions at or past kv_len are zero (the cache
   // there may hold anything, and 0 * NaN would poison the sums).
@@ -110,7 +124,7 @@ __global__ __launch_bounds__(kThreads) void prefill_attention_kernel(AttentionAr
     if (j == 0) {
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk)
-        dev::ldmatrix_x4(qf[kk], Qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
+        dev::ldmatrix_x4(qf[kk], Qs + (head_local * kBM + warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
     }
     const bf16* ks = Ks + st * kBN * LD;
     const bf16* vs = Vs + st * kBN * LD;
@@ -130,23 +144,21 @@ __global__ __launch_bounds__(kThreads) void prefill_attention_kernel(AttentionAr
       }
     }
 
-    // Scale into the log2 domain; mask future and absent positions.
+    // Mask future and absent positions (raw scores; the scale is folded into the exponent).
     const bool need_mask = (j + 1) * kBN - 1 > start_pos + r0 || (j + 1) * kBN > kv_len;
+    if (need_mask) {
 #pragma unroll
-    for (int nt = 0; nt < kBN / 8; ++nt) {
+      for (int nt = 0; nt < kBN / 8; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = s[nt][e] * qscale;
-        if (need_mask) {
+        for (int e = 0; e < 4; ++e) {
           const int key = j * kBN + nt * 8 + 2 * t4 + (e & 1);
           const int pos = e < 2 ? pos_a : pos_b;
-          if (key > pos || key >= kv_len) v = -INFINITY;
+          if (key > pos || key >= kv_len) s[nt][e] = -INFINITY;
         }
-        s[nt][e] = v;
       }
     }
 
-    // Online softmax; the 4 lanes of a quad share a row.
+    // Online softmax; the 4 lanes of a quad share a row. p = 2^(s * scale * log2(e) - m').
 #pragma unroll
     for (int rh = 0; rh < 2; ++rh) {
       float mx = -INFINITY;
@@ -156,13 +168,15 @@ __global__ __launch_bounds__(kThreads) void prefill_attention_kernel(AttentionAr
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       // Tile 0 always holds position 0, visible to every row: m_new is finite.
       const float m_new = fmaxf(m_run[rh], mx);
-      const float alpha = exp2f(m_run[rh] - m_new);
+      // Exactly 1 when the max did not move, so tiles past a row's position change nothing.
+      const float alpha = m_new == m_run[rh] ? 1.0f : fast_exp2((m_run[rh] - m_new) * qscale);
       m_run[rh] = m_new;
+      const float offset = -m_new * qscale;
       float rs = 0.0f;
 #pragma unroll
       for (int nt = 0; nt < kBN / 8; ++nt) {
-        const float p0 = exp2f(s[nt][2 * rh] - m_new);
-        const float p1 = exp2f(s[nt][2 * rh + 1] - m_new);
+        const float p0 = fast_exp2(fmaf(s[nt][2 * rh], qscale, offset));
+        const float p1 = fast_exp2(fmaf(s[nt][2 * rh + 1], qscale, offset));
         s[nt][2 * rh] = p0;
         s[nt][2 * rh + 1] = p1;
         rs += p0 + p1;
@@ -214,24 +228,32 @@ __global__ __launch_bounds__(kThreads) void prefill_attention_kernel(AttentionAr
   }
 }
 
-template <int kHeadDim>
-cudaError_t launch_for(const AttentionArgs& a, int num_items, cudaStream_t stream) {
-  constexpr size_t bytes = smem_bytes<kHeadDim>();
-  static const cudaError_t attr = cudaFuncSetAttribute(prefill_attention_kernel<kHeadDim>,
+template <int kHeadDim, int kHeads>
+cudaError_t launch_for(const AttentionArgs& a, int num_items, const LaunchConfig& launch) {
+  constexpr size_t bytes = smem_bytes<kHeadDim, kHeads>();
+  static const cudaError_t attr = cudaFuncSetAttribute(prefill_attention_kernel<kHeadDim, kHeads>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                        static_cast<int>(bytes));
   if (attr != cudaSuccess) return attr;
-  prefill_attention_kernel<kHeadDim><<<dim3(a.num_heads, num_items), kThreads, bytes, stream>>>(a);
-  return cudaGetLastError();
+  return launch_kernel(prefill_attention_kernel<kHeadDim, kHeads>, dim3(a.num_heads / kHeads, num_items),
+                       128 * kHeads, bytes, launch, a);
+}
+
+template <int kHeadDim>
+cudaError_t launch_for(const AttentionArgs& a, int num_items, const LaunchConfig& launch) {
+  // Pairs of query heads share a CTA when they share a kv head (even GQA groups).
+  if ((a.num_heads / a.num_kv_heads) % 2 == 0 && a.prefill_heads_per_cta != 1)
+    return launch_for<kHeadDim, 2>(a, num_items, launch);
+  return launch_for<kHeadDim, 1>(a, num_items, launch);
 }
 
 }  // namespace
 
-cudaError_t launch_prefill_attention(const AttentionArgs& args, int num_items, cudaStream_t stream) {
+cudaError_t launch_prefill_attention(const AttentionArgs& args, int num_items, LaunchConfig launch) {
   if (num_items <= 0) return cudaSuccess;
   if (!attention_supported(args.num_heads, args.num_kv_heads, args.head_dim) || num_items > 65535)
     return cudaErrorInvalidValue;
-  return args.head_dim == 64 ? launch_for<64>(args, num_items, stream) : launch_for<128>(args, num_items, stream);
+  return args.head_dim == 64 ? launch_for<64>(args, num_items, launch) : launch_for<128>(args, num_items, launch);
 }
 
 }  // namespace siesta::cuda

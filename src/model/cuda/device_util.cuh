@@ -4,10 +4,47 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "model/cuda/kernels.h"
 
+namespace siesta::cuda {
+
+// Launches kernel as `launch` says (kernels.h: LaunchConfig), then reports
+// the launch error.
+template <class... KernelArgs, class... Args>
+cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                          const LaunchConfig& launch, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = launch.stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  if (launch.overlap) {
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+  }
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+}  // namespace siesta::cuda
+
 namespace siesta::cuda::dev {
+
+// Programmatic dependent launch (sm_90): let the next kernel in the stream
+// start launching; and wait until every earlier kernel has finished and its
+// writes are visible. Both are no-ops for a kernel launched without overlap.
+__device__ __forceinline__ void allow_next_kernel() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void wait_for_previous_kernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// The common prologue of a kernel with nothing to prefetch.
+__device__ __forceinline__ void begin_dependent_kernel() {
+  allow_next_kernel();
+  wait_for_previous_kernel();
+}
 
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 

@@ -1,6 +1,7 @@
 // Embedding, residual add + RMSNorm, q/k RMSNorm + RoPE + KV-cache write, SiLU-mul.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "model/cuda/device_util.cuh"
@@ -14,6 +15,7 @@ using dev::round_bf16;
 using dev::store8;
 
 __global__ void embed_kernel(const int32_t* tokens, const bf16* table, int hidden, bf16* x) {
+  dev::begin_dependent_kernel();
   const int t = blockIdx.x;
   const uint4* src = reinterpret_cast<const uint4*>(table + static_cast<size_t>(tokens[t]) * hidden);
   uint4* dst = reinterpret_cast<uint4*>(x + static_cast<size_t>(t) * hidden);
@@ -26,6 +28,7 @@ constexpr int kNormMaxChunks = 4;  // 16-byte chunks per thread: hidden <= 256 *
 __global__ __launch_bounds__(kNormThreads) void add_rms_norm_kernel(bf16* x, const bf16* delta, const bf16* weight,
                                                                      int hidden, float eps, const int32_t* row_index,
                                                                      bf16* out) {
+  dev::begin_dependent_kernel();
   __shared__ float scratch[32];
   const int r = blockIdx.x;
   const int src_row = row_index ? row_index[r] : r;
@@ -101,6 +104,7 @@ template <int kHeadDim>
 __global__ void qk_norm_rope_kv_kernel(const bf16* qkv, const int32_t* positions, const int32_t* slots,
                                        const bf16* q_norm, const bf16* k_norm, const float* inv_freq, int num_heads,
                                        int num_kv_heads, float eps, bf16* q_out, KvCacheDesc kv, int layer) {
+  dev::begin_dependent_kernel();
   const int t = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   const int q_dim = num_heads * kHeadDim, kv_dim = num_kv_heads * kHeadDim;
@@ -129,6 +133,7 @@ __global__ void qk_norm_rope_kv_kernel(const bf16* qkv, const int32_t* positions
 }
 
 __global__ void silu_mul_kernel(const bf16* gate_up, int T, int inter, bf16* out) {
+  dev::begin_dependent_kernel();
   const size_t chunks_per_row = inter / 8;
   const size_t total = static_cast<size_t>(T) * chunks_per_row;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
@@ -147,6 +152,7 @@ __global__ void silu_mul_kernel(const bf16* gate_up, int T, int inter, bf16* out
 }
 
 __global__ void fill_random_kernel(bf16* out, size_t n, uint64_t seed, float scale) {
+  dev::begin_dependent_kernel();
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;  // splitmix64 finaliser
@@ -158,61 +164,67 @@ __global__ void fill_random_kernel(bf16* out, size_t n, uint64_t seed, float sca
   }
 }
 
-}  // namespace
-
-cudaError_t launch_fill_random_bf16(bf16* out, size_t n, uint64_t seed, float scale, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  fill_random_kernel<<<1024, 256, 0, stream>>>(out, n, seed, scale);
-  return cudaGetLastError();
+__global__ void round_to_bf16_kernel(float* x, size_t n) {
+  dev::begin_dependent_kernel();
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    x[i] = round_bf16(x[i]);
 }
 
-cudaError_t launch_embed(const int32_t* tokens, int T, const bf16* table, int hidden, bf16* x, cudaStream_t stream) {
+}  // namespace
+
+cudaError_t launch_round_to_bf16(float* x, size_t n, LaunchConfig launch) {
+  if (n == 0) return cudaSuccess;
+  const size_t blocks = std::min<size_t>((n + 255) / 256, 132 * 16);
+  return launch_kernel(round_to_bf16_kernel, static_cast<unsigned>(blocks), 256, 0, launch, x, n);
+}
+
+cudaError_t launch_fill_random_bf16(bf16* out, size_t n, uint64_t seed, float scale, LaunchConfig launch) {
+  if (n == 0) return cudaSuccess;
+  return launch_kernel(fill_random_kernel, 1024, 256, 0, launch, out, n, seed, scale);
+}
+
+cudaError_t launch_embed(const int32_t* tokens, int T, const bf16* table, int hidden, bf16* x, LaunchConfig launch) {
   if (T <= 0) return cudaSuccess;
   if (hidden % 8 != 0) return cudaErrorInvalidValue;
-  embed_kernel<<<T, 128, 0, stream>>>(tokens, table, hidden, x);
-  return cudaGetLastError();
+  return launch_kernel(embed_kernel, T, 128, 0, launch, tokens, table, hidden, x);
 }
 
 cudaError_t launch_add_rms_norm(bf16* x, const bf16* delta, const bf16* weight, int rows, int hidden, float eps,
-                                const int32_t* row_index, bf16* out, cudaStream_t stream) {
+                                const int32_t* row_index, bf16* out, LaunchConfig launch) {
   if (rows <= 0) return cudaSuccess;
   if (hidden % 8 != 0 || hidden > kNormThreads * 8 * kNormMaxChunks)
     return cudaErrorInvalidValue;
-  add_rms_norm_kernel<<<rows, kNormThreads, 0, stream>>>(x, delta, weight, hidden, eps, row_index, out);
-  return cudaGetLastError();
+  return launch_kernel(add_rms_norm_kernel, rows, kNormThreads, 0, launch, x, delta, weight, hidden, eps, row_index, out);
 }
 
 cudaError_t launch_qk_norm_rope_kv(const bf16* qkv, int T, const int32_t* positions, const int32_t* slots,
                                    const bf16* q_norm, const bf16* k_norm, const float* inv_freq, int num_heads,
                                    int num_kv_heads, int head_dim, float eps, bf16* q_out, KvCacheDesc kv, int layer,
-                                   cudaStream_t stream) {
+                                   LaunchConfig launch) {
   if (T <= 0) return cudaSuccess;
   const int units = num_heads + 2 * num_kv_heads;
   const int threads = 32 * (units < 16 ? units : 16);
   switch (head_dim) {
     case 64:
-      qk_norm_rope_kv_kernel<64><<<T, threads, 0, stream>>>(qkv, positions, slots, q_norm, k_norm, inv_freq,
-                                                            num_heads, num_kv_heads, eps, q_out, kv, layer);
-      break;
+      return launch_kernel(qk_norm_rope_kv_kernel<64>, T, threads, 0, launch, qkv, positions, slots, q_norm, k_norm,
+                           inv_freq, num_heads, num_kv_heads, eps, q_out, kv, layer);
     case 128:
-      qk_norm_rope_kv_kernel<128><<<T, threads, 0, stream>>>(qkv, positions, slots, q_norm, k_norm, inv_freq,
-                                                             num_heads, num_kv_heads, eps, q_out, kv, layer);
-      break;
+      return launch_kernel(qk_norm_rope_kv_kernel<128>, T, threads, 0, launch, qkv, positions, slots, q_norm, k_norm,
+                           inv_freq, num_heads, num_kv_heads, eps, q_out, kv, layer);
     default:
       return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
-cudaError_t launch_silu_mul(const bf16* gate_up, int T, int inter, bf16* out, cudaStream_t stream) {
+cudaError_t launch_silu_mul(const bf16* gate_up, int T, int inter, bf16* out, LaunchConfig launch) {
   if (T <= 0) return cudaSuccess;
   if (inter % 8 != 0) return cudaErrorInvalidValue;
   const size_t total = static_cast<size_t>(T) * (inter / 8);
   const int threads = 256;
   const size_t blocks = (total + threads - 1) / threads;
-  silu_mul_kernel<<<static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16), threads, 0, stream>>>(
-      gate_up, T, inter, out);
-  return cudaGetLastError();
+  return launch_kernel(silu_mul_kernel, static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16), threads, 0,
+                       launch, gate_up, T, inter, out);
 }
 
 }  // namespace siesta::cuda

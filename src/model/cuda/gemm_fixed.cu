@@ -11,6 +11,7 @@
 // (rows padded by 16 bytes so ldmatrix is conflict-free), ldmatrix fragments.
 #include <cuda_bf16.h>
 
+#include "model/cuda/device_util.cuh"
 #include "model/cuda/kernels.h"
 #include "model/cuda/mma.cuh"
 
@@ -36,6 +37,7 @@ template <int BM, int BN, int WM, int WN, bool kOutF32>
 __global__ __launch_bounds__(Tile<BM, BN, WM, WN>::kThreads) void fixed_gemm_kernel(const bf16* __restrict__ A,
                                                                                   const bf16* __restrict__ W,
                                                                                   void* out, int M, int N, int K) {
+  dev::begin_dependent_kernel();
   using T = Tile<BM, BN, WM, WN>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* As = reinterpret_cast<bf16*>(smem_raw);  // [kStages][BM][kLD]
@@ -115,7 +117,8 @@ __global__ __launch_bounds__(Tile<BM, BN, WM, WN>::kThreads) void fixed_gemm_ker
         if (row >= M) continue;
         const size_t idx = static_cast<size_t>(row) * N + col;
         if constexpr (kOutF32) {
-          *reinterpret_cast<float2*>(static_cast<float*>(out) + idx) = make_float2(acc[i][j][2 * half], acc[i][j][2 * half + 1]);
+          const float2 r = __bfloat1622float2(__floats2bfloat162_rn(acc[i][j][2 * half], acc[i][j][2 * half + 1]));
+          *reinterpret_cast<float2*>(static_cast<float*>(out) + idx) = r;
         } else {
           *reinterpret_cast<__nv_bfloat162*>(static_cast<bf16*>(out) + idx) =
               __floats2bfloat162_rn(acc[i][j][2 * half], acc[i][j][2 * half + 1]);
@@ -127,7 +130,7 @@ __global__ __launch_bounds__(Tile<BM, BN, WM, WN>::kThreads) void fixed_gemm_ker
 
 template <int BM, int BN, int WM, int WN>
 cudaError_t launch_tile(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K,
-                        cudaStream_t stream) {
+                        const LaunchConfig& launch) {
   using T = Tile<BM, BN, WM, WN>;
   static const cudaError_t attr_bf16 = cudaFuncSetAttribute(
       fixed_gemm_kernel<BM, BN, WM, WN, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(T::kSmem));
@@ -138,10 +141,10 @@ cudaError_t launch_tile(const bf16* a, const bf16* w, void* out, bool out_f32, i
   const dim3 grid((N + BN - 1) / BN, (M + BM - 1) / BM);
   if (grid.y > 65535) return cudaErrorInvalidValue;
   if (out_f32)
-    fixed_gemm_kernel<BM, BN, WM, WN, true><<<grid, T::kThreads, T::kSmem, stream>>>(a, w, out, M, N, K);
-  else
-    fixed_gemm_kernel<BM, BN, WM, WN, false><<<grid, T::kThreads, T::kSmem, stream>>>(a, w, out, M, N, K);
-  return cudaGetLastError();
+    return launch_kernel(fixed_gemm_kernel<BM, BN, WM, WN, true>, grid, T::kThreads, T::kSmem, launch, a, w, out, M,
+                         N, K);
+  return launch_kernel(fixed_gemm_kernel<BM, BN, WM, WN, false>, grid, T::kThreads, T::kSmem, launch, a, w, out, M, N,
+                       K);
 }
 
 }  // namespace
@@ -149,12 +152,12 @@ cudaError_t launch_tile(const bf16* a, const bf16* w, void* out, bool out_f32, i
 bool fixed_gemm_supported(int N, int K) { return N > 0 && K > 0 && K % kBK == 0 && N % 8 == 0; }
 
 cudaError_t launch_fixed_gemm(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K,
-                              cudaStream_t stream) {
+                              LaunchConfig launch) {
   if (M <= 0) return cudaSuccess;
   if (!fixed_gemm_supported(N, K)) return cudaErrorInvalidValue;
-  if (M <= 16) return launch_tile<16, 64, 1, 4>(a, w, out, out_f32, M, N, K, stream);
-  if (M <= 64) return launch_tile<64, 128, 2, 4>(a, w, out, out_f32, M, N, K, stream);
-  return launch_tile<128, 128, 2, 4>(a, w, out, out_f32, M, N, K, stream);
+  if (M <= 16) return launch_tile<16, 64, 1, 4>(a, w, out, out_f32, M, N, K, launch);
+  if (M <= 64) return launch_tile<64, 128, 2, 4>(a, w, out, out_f32, M, N, K, launch);
+  return launch_tile<128, 128, 2, 4>(a, w, out, out_f32, M, N, K, launch);
 }
 
 }  // namespace siesta::cuda

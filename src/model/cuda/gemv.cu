@@ -81,15 +81,27 @@ template <int M, int C>
 __global__ __launch_bounds__(kThreads, 2) void gemv_kernel(GemvArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* s_a = reinterpret_cast<bf16*>(smem_raw);
-  stage_input<M>(a, s_a);
-
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int n0 = (blockIdx.x * kWarps + warp) * C;
-  if (n0 >= a.N) return;
   const int K = a.K, chunks = K / 8;  // chunks % 32 == 0 (K % 256 == 0)
   const uint4* wrow[C];
 #pragma unroll
-  for (int c = 0; c < C; ++c) wrow[c] = reinterpret_cast<const uint4*>(a.weight + static_cast<size_t>(min(n0 + c, a.N - 1)) * K);
+  for (int c = 0; c < C; ++c)
+    wrow[c] = reinterpret_cast<const uint4*>(a.weight + static_cast<size_t>(min(n0 + c, a.N - 1)) * K);
+
+  // The first weight loads do not depend on the previous kernel: issue them
+  // before waiting for it, so they overlap its tail (and the launch gap).
+  dev::allow_next_kernel();
+  uint4 w[C][kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int ch = lane + 32 * u;
+#pragma unroll
+    for (int c = 0; c < C; ++c) w[c][u] = ch < chunks ? __ldg(wrow[c] + ch) : make_uint4(0, 0, 0, 0);
+  }
+  dev::wait_for_previous_kernel();
+  stage_input<M>(a, s_a);
+  if (n0 >= a.N) return;
 
   float acc[C][M];
 #pragma unroll
@@ -97,14 +109,7 @@ __global__ __launch_bounds__(kThreads, 2) void gemv_kernel(GemvArgs a) {
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[c][m] = 0.0f;
 
-  for (int base = lane; base < chunks; base += 32 * kUnroll) {
-    uint4 w[C][kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int ch = base + 32 * u;
-#pragma unroll
-      for (int c = 0; c < C; ++c) w[c][u] = ch < chunks ? __ldg(wrow[c] + ch) : make_uint4(0, 0, 0, 0);
-    }
+  for (int base = lane;;) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int ch = base + 32 * u;
@@ -123,6 +128,14 @@ __global__ __launch_bounds__(kThreads, 2) void gemv_kernel(GemvArgs a) {
         }
       }
     }
+    base += 32 * kUnroll;
+    if (base >= chunks) break;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int ch = base + 32 * u;
+#pragma unroll
+      for (int c = 0; c < C; ++c) w[c][u] = ch < chunks ? __ldg(wrow[c] + ch) : make_uint4(0, 0, 0, 0);
+    }
   }
 
 #pragma unroll
@@ -133,8 +146,8 @@ __global__ __launch_bounds__(kThreads, 2) void gemv_kernel(GemvArgs a) {
       const float v = dev::warp_sum(acc[c][m]);
       if (lane == m && n < a.N) {
         const size_t idx = static_cast<size_t>(m) * a.N + n;
-        if (a.output_kind == GemvOutput::kF32) {
-          static_cast<float*>(a.out)[idx] = v;
+        if (a.output_kind == GemvOutput::kLogits) {
+          static_cast<float*>(a.out)[idx] = round_bf16(v);
         } else if (a.output_kind == GemvOutput::kAddBf16) {
           bf16* y = static_cast<bf16*>(a.out);
           y[idx] = __float2bfloat16(__bfloat162float(y[idx]) + round_bf16(v));
@@ -147,20 +160,19 @@ __global__ __launch_bounds__(kThreads, 2) void gemv_kernel(GemvArgs a) {
 }
 
 template <int M, int C>
-cudaError_t launch_mc(const GemvArgs& a, cudaStream_t stream) {
+cudaError_t launch_mc(const GemvArgs& a, const LaunchConfig& launch) {
   const size_t smem = static_cast<size_t>(M) * a.K * sizeof(bf16);
   static const cudaError_t attr = cudaFuncSetAttribute(gemv_kernel<M, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                        static_cast<int>(kMaxSmem));
   if (attr != cudaSuccess) return attr;
   const int cols_per_cta = kWarps * C;
-  gemv_kernel<M, C><<<(a.N + cols_per_cta - 1) / cols_per_cta, kThreads, smem, stream>>>(a);
-  return cudaGetLastError();
+  return launch_kernel(gemv_kernel<M, C>, (a.N + cols_per_cta - 1) / cols_per_cta, kThreads, smem, launch, a);
 }
 
 template <int M>
-cudaError_t launch_m(const GemvArgs& a, cudaStream_t stream) {
+cudaError_t launch_m(const GemvArgs& a, const LaunchConfig& launch) {
   // Two columns per warp when that still gives every SM two CTAs (132 SMs).
-  return a.N >= 2 * 132 * kWarps * 2 ? launch_mc<M, 2>(a, stream) : launch_mc<M, 1>(a, stream);
+  return a.N >= 2 * 132 * kWarps * 2 ? launch_mc<M, 2>(a, launch) : launch_mc<M, 1>(a, launch);
 }
 
 }  // namespace
@@ -169,17 +181,17 @@ bool gemv_supported(int M, int K) {
   return M >= 1 && M <= kGemvMaxRows && K > 0 && K % 256 == 0 && static_cast<size_t>(M) * K * sizeof(bf16) <= kMaxSmem;
 }
 
-cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream) {
+cudaError_t launch_gemv(const GemvArgs& a, LaunchConfig launch) {
   if (!gemv_supported(a.M, a.K) || a.N <= 0) return cudaErrorInvalidValue;
   switch (a.M) {
-    case 1: return launch_m<1>(a, stream);
-    case 2: return launch_m<2>(a, stream);
-    case 3: return launch_m<3>(a, stream);
-    case 4: return launch_m<4>(a, stream);
-    case 5: return launch_m<5>(a, stream);
-    case 6: return launch_m<6>(a, stream);
-    case 7: return launch_m<7>(a, stream);
-    default: return launch_m<8>(a, stream);
+    case 1: return launch_m<1>(a, launch);
+    case 2: return launch_m<2>(a, launch);
+    case 3: return launch_m<3>(a, launch);
+    case 4: return launch_m<4>(a, launch);
+    case 5: return launch_m<5>(a, launch);
+    case 6: return launch_m<6>(a, launch);
+    case 7: return launch_m<7>(a, launch);
+    default: return launch_m<8>(a, launch);
   }
 }
 

@@ -1,8 +1,8 @@
 // Launchers for the CUDA model's kernels: a plain C++ header, so host code
 // (compiled by the host compiler, with fmt/spdlog) never includes device code.
-// Each launcher checks its arguments' static limits, launches on `stream` and
-// returns the launch's cudaError_t (cudaSuccess, or the error of the launch
-// itself; asynchronous faults surface at the next synchronising call).
+// Each launcher checks its arguments' static limits, launches as `launch` says
+// and returns the launch's cudaError_t (cudaSuccess, or the error of the
+// launch itself; asynchronous faults surface at the next synchronising call).
 //
 // Rounding follows Hugging Face's bf16 Qwen3: every tensor that is bf16 there
 // is rounded to bf16 at the same point here (norm outputs, q/k after norm and
@@ -20,6 +20,20 @@
 namespace siesta::cuda {
 
 using bf16 = __nv_bfloat16;
+
+// Where and how a kernel is launched. With `overlap` (programmatic dependent
+// launch, sm_90) a kernel may start while the previous kernel in the stream is
+// still running: every kernel here first lets its successor launch, may read
+// weights (which nothing writes), and waits for its predecessor
+// (griddepcontrol.wait) before it reads activations or writes anything. That
+// hides the launch gap and the weight-fetch latency of the many small kernels
+// of a decode step. Without `overlap` the wait is a no-op.
+struct LaunchConfig {
+  LaunchConfig(cudaStream_t s = nullptr, bool overlap_launch = false)  // NOLINT(google-explicit-constructor)
+      : stream(s), overlap(overlap_launch) {}
+  cudaStream_t stream;
+  bool overlap;
+};
 
 inline constexpr int kKvBlockSize = 16;
 // Decode attention splits a sequence's context into partitions of this many
@@ -39,7 +53,7 @@ struct KvCacheDesc {
 };
 
 // x[t] = table[tokens[t]] for t < T.
-cudaError_t launch_embed(const int32_t* tokens, int T, const bf16* table, int hidden, bf16* x, cudaStream_t stream);
+cudaError_t launch_embed(const int32_t* tokens, int T, const bf16* table, int hidden, bf16* x, LaunchConfig launch);
 
 // Residual add and RMSNorm, with HF's rounding:
 //   if delta: x[r] = bf16(x[r] + delta[r])                (written back)
@@ -47,7 +61,7 @@ cudaError_t launch_embed(const int32_t* tokens, int T, const bf16* table, int hi
 // With row_index (the final norm of the rows that get logits): out[r] is the
 // norm of bf16(x + delta) at row row_index[r], and x is not written.
 cudaError_t launch_add_rms_norm(bf16* x, const bf16* delta, const bf16* weight, int rows, int hidden, float eps,
-                                const int32_t* row_index, bf16* out, cudaStream_t stream);
+                                const int32_t* row_index, bf16* out, LaunchConfig launch);
 
 // Per token t: q/k heads of qkv[t] = [q | k | v] get RMSNorm (q_norm / k_norm
 // weights) and RoPE (rotate-half, angle = positions[t] * inv_freq[i]); q goes to
@@ -56,10 +70,10 @@ cudaError_t launch_add_rms_norm(bf16* x, const bf16* delta, const bf16* weight, 
 cudaError_t launch_qk_norm_rope_kv(const bf16* qkv, int T, const int32_t* positions, const int32_t* slots,
                                    const bf16* q_norm, const bf16* k_norm, const float* inv_freq, int num_heads,
                                    int num_kv_heads, int head_dim, float eps, bf16* q_out, KvCacheDesc kv, int layer,
-                                   cudaStream_t stream);
+                                   LaunchConfig launch);
 
 // out[t, i] = bf16(bf16(silu(gate)) * up) with gate_up[t] = [gate (inter) | up (inter)].
-cudaError_t launch_silu_mul(const bf16* gate_up, int T, int inter, bf16* out, cudaStream_t stream);
+cudaError_t launch_silu_mul(const bf16* gate_up, int T, int inter, bf16* out, LaunchConfig launch);
 
 // Everything attention reads about a pass. Sequence s owns query rows
 // [q_start[s], q_start[s] + q_len[s]) and attends to cache positions
@@ -87,6 +101,8 @@ struct AttentionArgs {
   int partial_parts = 0;
   // Prefill: work items (sequence, query tile of kPrefillTileRows rows), as int32 pairs.
   const int32_t* prefill_items = nullptr;
+  // Query heads per prefill CTA (they share a kv head): 1 or 2; 0 = 2 when the GQA group is even.
+  int prefill_heads_per_cta = 0;
 };
 
 // True when head_dim and the GQA group size have compiled kernels (64 or 128; 1, 2, 4 or 8).
@@ -96,11 +112,11 @@ bool attention_supported(int num_heads, int num_kv_heads, int head_dim);
 // max_partitions partitions of kDecodePartitionTokens (max_partitions <=
 // partial_parts); sequences that need more than one are reduced in a second kernel.
 cudaError_t launch_decode_attention(const AttentionArgs& args, int num_decode, int max_partitions,
-                                    cudaStream_t stream);
+                                    LaunchConfig launch);
 
 // Causal prefill attention over num_items (sequence, query tile) work items,
 // with tensor cores (bf16 inputs, fp32 scores and softmax, bf16 probabilities).
-cudaError_t launch_prefill_attention(const AttentionArgs& args, int num_items, cudaStream_t stream);
+cudaError_t launch_prefill_attention(const AttentionArgs& args, int num_items, LaunchConfig launch);
 
 // Small-batch projection y[m, n] = sum_k a[m, k] * w[n, k] for M <= kGemvMaxRows,
 // one warp per output column, streaming w once. The input can be transformed on
@@ -114,7 +130,7 @@ enum class GemvInput {
 enum class GemvOutput {
   kBf16,     // out bf16 [M, N] = bf16(acc)
   kAddBf16,  // out bf16 [M, N] = bf16(out + bf16(acc))  (residual add)
-  kF32,      // out fp32 [M, N] = acc
+  kLogits,   // out fp32 [M, N] = bf16(acc): logits, rounded as HF's bf16 LM head rounds them
 };
 struct GemvArgs {
   const bf16* input = nullptr;
@@ -129,16 +145,20 @@ struct GemvArgs {
   void* out = nullptr;
 };
 bool gemv_supported(int M, int K);
-cudaError_t launch_gemv(const GemvArgs& args, cudaStream_t stream);
+cudaError_t launch_gemv(const GemvArgs& args, LaunchConfig launch);
 
 // The batch-invariant projection: y[m, n] = sum_k a[m, k] * w[n, k] with bf16
 // tensor-core MMAs accumulating in fp32 over k in one fixed order (32-wide k
 // tiles, two k16 steps each, never split). The tile shape chosen for M changes
 // which rows share a CTA, never the arithmetic of a row, so a row's result is
-// bit-identical for every M. Needs K % 32 == 0 and N % 8 == 0.
+// bit-identical for every M. Needs K % 32 == 0 and N % 8 == 0. out_f32: the
+// output is fp32 holding bf16-rounded values (logits, as kLogits above).
 bool fixed_gemm_supported(int N, int K);
 cudaError_t launch_fixed_gemm(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K,
-                              cudaStream_t stream);
+                              LaunchConfig launch);
+
+// x[i] = bf16(x[i]) in place (logits from cuBLASLt's fp32 output).
+cudaError_t launch_round_to_bf16(float* x, size_t n, LaunchConfig launch);
 
 // Token selection on the device, one row of logits per CTA. Greedy takes the
 // largest logit (ties: lowest id, NaN as -inf). Otherwise, in the engine
@@ -164,10 +184,10 @@ struct SamplingRowParams {
 };
 // tokens[r] = the choice for logits row r, or kSampleOnHost.
 cudaError_t launch_sample_tokens(const float* logits, int rows, int vocab, const SamplingRowParams* params,
-                                 const int32_t* banned_ids, int32_t* tokens, cudaStream_t stream);
+                                 const int32_t* banned_ids, int32_t* tokens, LaunchConfig launch);
 
 // Fills n bf16 values with a hash of (seed, index) mapped to [-scale, scale):
 // benchmark and test inputs that are neither zeros nor constant.
-cudaError_t launch_fill_random_bf16(bf16* out, size_t n, uint64_t seed, float scale, cudaStream_t stream);
+cudaError_t launch_fill_random_bf16(bf16* out, size_t n, uint64_t seed, float scale, LaunchConfig launch);
 
 }  // namespace siesta::cuda

@@ -115,7 +115,13 @@ struct CudaQwen3::Impl {
   bool gemv_ok = false;
   std::map<GraphKey, cudaGraphExec_t> graphs;
 
+  // Profiling (options.profile): events recorded after each kernel group.
+  std::vector<cudaEvent_t> event_pool;
+  std::vector<std::pair<const char*, cudaEvent_t>> marks;
+  std::vector<std::pair<std::string, double>> profile_ms;
+
   ~Impl() {
+    for (cudaEvent_t e : event_pool) cudaEventDestroy(e);
     for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
     gemm.reset();
     if (host_meta) cudaFreeHost(host_meta);
@@ -130,6 +136,7 @@ struct CudaQwen3::Impl {
   KvCacheLayout layout() const { return KvCacheLayout::for_model(cfg, sizeof(bf16)); }
   cuda::StepShape shape() const { return {cuda::kDecodePartitionTokens, cuda::kPrefillTileRows}; }
   bool use_gemv(int T) const { return !opt.batch_invariant && gemv_ok && T <= cuda::kGemvMaxRows; }
+  cuda::LaunchConfig launch() const { return {stream, opt.programmatic_launch}; }
 
   Result<void> load_weights(const TensorStore& store);
   Result<void> init_buffers();
@@ -142,6 +149,8 @@ struct CudaQwen3::Impl {
   Result<void> enqueue_step(const PassDevice& p, bool sample);
   Result<void> copy_logits_rows(int device_row, int rows, float* host);
   bool graph_eligible(std::span<const SequenceChunk> batch) const;
+  void mark(const char* label);
+  void collect_profile();
   Result<void> decode_step(std::span<const SequenceChunk> batch, const KvCacheView& kv,
                            std::span<const cuda::SamplingRow> rows, bool sample);
 };
@@ -314,8 +323,10 @@ Result<PassDevice> CudaQwen3::Impl::upload(const cuda::StepPlan& plan, bool samp
   // The previous upload must have left the pinned buffer before it is rewritten.
   SIESTA_CUDA_TRY(cudaEventSynchronize(meta_uploaded), "waiting for the previous metadata upload");
   std::memcpy(host_meta, image.data(), image.size());
+  mark("start");
   SIESTA_CUDA_TRY(cudaMemcpyAsync(meta, host_meta, image.size(), cudaMemcpyHostToDevice, stream),
                   "uploading step metadata");
+  mark("upload");
   SIESTA_CUDA_TRY(cudaEventRecord(meta_uploaded, stream), "recording the metadata upload");
 
   PassDevice p;
@@ -346,14 +357,16 @@ Result<PassDevice> CudaQwen3::Impl::upload(const cuda::StepPlan& plan, bool samp
 
 Result<void> CudaQwen3::Impl::linear(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K) {
   if (opt.batch_invariant)
-    return cuda::cuda_result(cuda::launch_fixed_gemm(a, w, out, out_f32, M, N, K, stream), "fixed-order GEMM");
+    return cuda::cuda_result(cuda::launch_fixed_gemm(a, w, out, out_f32, M, N, K, launch()), "fixed-order GEMM");
   return gemm->run(a, w, out, out_f32, M, N, K, stream);
 }
 
 Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
   const int T = p.T, H = hidden(), QD = cfg.q_dim(), I = cfg.intermediate_size;
   const bool small = use_gemv(T);
+  // The first kernel of a pass follows the metadata copy, not a kernel: no overlap.
   SIESTA_CUDA_TRY(cuda::launch_embed(p.tokens, T, embed, H, x, stream), "embedding");
+  mark("embed");
 
   cuda::AttentionArgs aa;
   aa.q = q;
@@ -373,41 +386,56 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
   aa.partial_ml = partial_ml;
   aa.partial_parts = partial_parts;
   aa.prefill_items = p.prefill_items;
+  aa.prefill_heads_per_cta = opt.prefill_heads_per_cta;
 
   for (int l = 0; l < cfg.num_layers; ++l) {
     const LayerWeights& w = layers[l];
     if (small) {
       cuda::GemvArgs g{x, w.input_norm, eps(), w.qkv, T, qkv_cols(), H, cuda::GemvInput::kRmsNorm,
                        cuda::GemvOutput::kBf16, qkv};
-      SIESTA_CUDA_TRY(cuda::launch_gemv(g, stream), "QKV projection (GEMV)");
+      SIESTA_CUDA_TRY(cuda::launch_gemv(g, launch()), "QKV projection (GEMV)");
+      mark("qkv_gemv");
     } else {
       SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(x, l == 0 ? nullptr : proj, w.input_norm, T, H, eps(), nullptr, h,
-                                                stream),
+                                                launch()),
                       "input RMSNorm");
+      mark("norm");
       SIESTA_TRY(linear(h, w.qkv, qkv, false, T, qkv_cols(), H));
+      mark("qkv");
     }
     SIESTA_CUDA_TRY(cuda::launch_qk_norm_rope_kv(qkv, T, p.positions, p.slots, w.q_norm, w.k_norm, inv_freq,
                                                  cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps(), q, p.kv, l,
-                                                 stream),
+                                                 launch()),
                     "q/k norm, RoPE and KV write");
+    mark("rope_kv");
     aa.layer = l;
-    SIESTA_CUDA_TRY(cuda::launch_decode_attention(aa, p.D, p.max_partitions, stream), "decode attention");
-    SIESTA_CUDA_TRY(cuda::launch_prefill_attention(aa, p.W, stream), "prefill attention");
+    SIESTA_CUDA_TRY(cuda::launch_decode_attention(aa, p.D, p.max_partitions, launch()), "decode attention");
+    if (p.D > 0) mark("attention_decode");
+    SIESTA_CUDA_TRY(cuda::launch_prefill_attention(aa, p.W, launch()), "prefill attention");
+    if (p.W > 0) mark("attention_prefill");
     if (small) {
       cuda::GemvArgs o{attn, nullptr, 0.0f, w.o, T, H, QD, cuda::GemvInput::kPlain, cuda::GemvOutput::kAddBf16, x};
-      SIESTA_CUDA_TRY(cuda::launch_gemv(o, stream), "output projection (GEMV)");
+      SIESTA_CUDA_TRY(cuda::launch_gemv(o, launch()), "output projection (GEMV)");
+      mark("o_gemv");
       cuda::GemvArgs gup{x, w.post_norm, eps(), w.gate_up, T, 2 * I, H, cuda::GemvInput::kRmsNorm,
                          cuda::GemvOutput::kBf16, gu};
-      SIESTA_CUDA_TRY(cuda::launch_gemv(gup, stream), "gate/up projection (GEMV)");
+      SIESTA_CUDA_TRY(cuda::launch_gemv(gup, launch()), "gate/up projection (GEMV)");
+      mark("gate_up_gemv");
       cuda::GemvArgs down{gu, nullptr, 0.0f, w.down, T, H, I, cuda::GemvInput::kSiluMul, cuda::GemvOutput::kAddBf16, x};
-      SIESTA_CUDA_TRY(cuda::launch_gemv(down, stream), "down projection (GEMV)");
+      SIESTA_CUDA_TRY(cuda::launch_gemv(down, launch()), "down projection (GEMV)");
+      mark("down_gemv");
     } else {
       SIESTA_TRY(linear(attn, w.o, proj, false, T, H, QD));
-      SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(x, proj, w.post_norm, T, H, eps(), nullptr, h, stream),
+      mark("o_proj");
+      SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(x, proj, w.post_norm, T, H, eps(), nullptr, h, launch()),
                       "post-attention RMSNorm");
+      mark("norm");
       SIESTA_TRY(linear(h, w.gate_up, gu, false, T, 2 * I, H));
-      SIESTA_CUDA_TRY(cuda::launch_silu_mul(gu, T, I, act, stream), "SiLU-mul");
+      mark("gate_up");
+      SIESTA_CUDA_TRY(cuda::launch_silu_mul(gu, T, I, act, launch()), "SiLU-mul");
+      mark("silu_mul");
       SIESTA_TRY(linear(act, w.down, proj, false, T, H, I));
+      mark("down");
     }
   }
   return {};
@@ -420,27 +448,37 @@ Result<void> CudaQwen3::Impl::enqueue_logits(const PassDevice& p, int r0, int r1
   if (use_gemv(p.T)) {
     // The residual stream x is complete (the down GEMV added into it).
     if (p.rows_are_tokens && r0 == 0 && r1 == p.R) {
-      cuda::GemvArgs g{x, final_norm, eps(), lm_head, rows, V, H, cuda::GemvInput::kRmsNorm, cuda::GemvOutput::kF32,
+      cuda::GemvArgs g{x, final_norm, eps(), lm_head, rows, V, H, cuda::GemvInput::kRmsNorm, cuda::GemvOutput::kLogits,
                        logits};
-      return cuda::cuda_result(cuda::launch_gemv(g, stream), "LM head (GEMV)");
+      SIESTA_CUDA_TRY(cuda::launch_gemv(g, launch()), "LM head (GEMV)");
+      mark("lm_head_gemv");
+      return {};
     }
-    SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(x, nullptr, final_norm, rows, H, eps(), p.logits_rows + r0, hn, stream),
+    SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(x, nullptr, final_norm, rows, H, eps(), p.logits_rows + r0, hn, launch()),
                     "final RMSNorm");
-    cuda::GemvArgs g{hn, nullptr, 0.0f, lm_head, rows, V, H, cuda::GemvInput::kPlain, cuda::GemvOutput::kF32, logits};
-    return cuda::cuda_result(cuda::launch_gemv(g, stream), "LM head (GEMV)");
+    cuda::GemvArgs g{hn, nullptr, 0.0f, lm_head, rows, V, H, cuda::GemvInput::kPlain, cuda::GemvOutput::kLogits, logits};
+    return cuda::cuda_result(cuda::launch_gemv(g, launch()), "LM head (GEMV)");
   }
   // The last layer's down projection is still in proj: add it for these rows only.
-  SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(x, proj, final_norm, rows, H, eps(), p.logits_rows + r0, hn, stream),
+  SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(x, proj, final_norm, rows, H, eps(), p.logits_rows + r0, hn, launch()),
                   "final RMSNorm");
-  return linear(hn, lm_head, logits, true, rows, V, H);
+  mark("final_norm");
+  SIESTA_TRY(linear(hn, lm_head, logits, true, rows, V, H));
+  mark("lm_head");
+  if (opt.batch_invariant) return {};  // the fixed GEMM rounds as it stores
+  SIESTA_CUDA_TRY(cuda::launch_round_to_bf16(logits, static_cast<size_t>(rows) * V, launch()), "rounding logits");
+  mark("round_logits");
+  return {};
 }
 
 Result<void> CudaQwen3::Impl::enqueue_step(const PassDevice& p, bool sample) {
   SIESTA_TRY(enqueue_layers(p));
   SIESTA_TRY(enqueue_logits(p, 0, p.R));
-  if (sample)
-    SIESTA_CUDA_TRY(cuda::launch_sample_tokens(logits, p.R, cfg.vocab_size, p.sampling, p.banned, sampled, stream),
+  if (sample) {
+    SIESTA_CUDA_TRY(cuda::launch_sample_tokens(logits, p.R, cfg.vocab_size, p.sampling, p.banned, sampled, launch()),
                     "token sampling");
+    mark("sampling");
+  }
   return {};
 }
 
@@ -459,6 +497,31 @@ bool CudaQwen3::Impl::graph_eligible(std::span<const SequenceChunk> batch) const
   for (const SequenceChunk& c : batch)
     if (c.tokens.size() != 1) return false;
   return true;
+}
+
+void CudaQwen3::Impl::mark(const char* label) {
+  if (!opt.profile) return;
+  if (marks.size() == event_pool.size()) {
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreate(&e) != cudaSuccess) return;
+    event_pool.push_back(e);
+  }
+  cudaEvent_t e = event_pool[marks.size()];
+  cudaEventRecord(e, stream);
+  marks.emplace_back(label, e);
+}
+
+// Adds the time between consecutive marks to each mark's label; call after a sync.
+void CudaQwen3::Impl::collect_profile() {
+  if (!opt.profile) return;
+  for (size_t i = 1; i < marks.size(); ++i) {
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, marks[i - 1].second, marks[i].second) != cudaSuccess) continue;
+    auto it = std::find_if(profile_ms.begin(), profile_ms.end(), [&](const auto& p) { return p.first == marks[i].first; });
+    if (it == profile_ms.end()) profile_ms.emplace_back(marks[i].first, ms);
+    else it->second += ms;
+  }
+  marks.clear();
 }
 
 // One decode step (every sequence one token) through a CUDA graph captured for
@@ -553,6 +616,7 @@ Result<std::unique_ptr<CudaQwen3>> CudaQwen3::create(const ModelConfig& cfg, con
   impl->cfg = cfg;
   impl->opt = options;
   impl->alloc = &allocator;
+  if (impl->opt.profile) impl->opt.cuda_graphs = false;  // events between launches
   if (impl->opt.max_model_len <= 0)
     impl->opt.max_model_len = std::min(cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 32768, 32768);
   impl->gemv_ok = cuda::gemv_supported(1, H) && cuda::gemv_supported(1, cfg.q_dim()) &&
@@ -574,6 +638,8 @@ KvCacheLayout CudaQwen3::kv_layout() const { return impl_->layout(); }
 const CudaModelOptions& CudaQwen3::options() const { return impl_->opt; }
 size_t CudaQwen3::num_graphs() const { return impl_->graphs.size(); }
 size_t CudaQwen3::weight_bytes() const { return impl_->weights.bytes(); }
+std::vector<std::pair<std::string, double>> CudaQwen3::profile() const { return impl_->profile_ms; }
+void CudaQwen3::reset_profile() { impl_->profile_ms.clear(); }
 
 Result<cuda::DeviceBuffer> CudaQwen3::allocate_kv_cache(int num_blocks) {
   if (num_blocks <= 0) return invalid_argument("allocate_kv_cache: num_blocks must be positive");
@@ -602,7 +668,9 @@ Result<void> CudaQwen3::forward(std::span<const SequenceChunk> batch, const KvCa
   if (m.graph_eligible(batch)) {
     SIESTA_TRY(m.decode_step(batch, kv, {}, false));
     SIESTA_TRY(m.copy_logits_rows(0, static_cast<int>(batch.size()), out.logits.data()));
-    return cuda::cuda_result(cudaStreamSynchronize(m.stream), "decode step");
+    SIESTA_CUDA_TRY(cudaStreamSynchronize(m.stream), "decode step");
+    m.collect_profile();
+    return {};
   }
 
   std::vector<size_t> cursor(out.first_row);  // next output row per sequence
@@ -624,7 +692,9 @@ Result<void> CudaQwen3::forward(std::span<const SequenceChunk> batch, const KvCa
     }
     for (size_t c = 0; c < pass.size(); ++c) cursor[pass[c].seq] += plan.num_rows[c];
   }
-  return cuda::cuda_result(cudaStreamSynchronize(m.stream), "forward pass");
+  SIESTA_CUDA_TRY(cudaStreamSynchronize(m.stream), "forward pass");
+  m.collect_profile();
+  return {};
 }
 
 Result<void> CudaQwen3::forward_sample(std::span<const SequenceChunk> batch, const KvCacheView& kv,
@@ -659,6 +729,7 @@ Result<void> CudaQwen3::forward_sample(std::span<const SequenceChunk> batch, con
     SIESTA_CUDA_TRY(cudaMemcpyAsync(m.host_sampled, m.sampled, n * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
                     "copying sampled tokens to the host");
     SIESTA_CUDA_TRY(cudaStreamSynchronize(m.stream), "decode step");
+    m.collect_profile();
     std::copy(m.host_sampled, m.host_sampled + n, out.tokens.begin());
     const bool fallback = std::find(out.tokens.begin(), out.tokens.end(), cuda::kSampleOnHostToken) != out.tokens.end();
     if (copy_logits || fallback) {
@@ -683,11 +754,13 @@ Result<void> CudaQwen3::forward_sample(std::span<const SequenceChunk> batch, con
     if (p.R == 0) continue;
     SIESTA_TRY(m.enqueue_logits(p, 0, p.R));  // R <= max_seqs <= logits_rows_cap
     SIESTA_CUDA_TRY(cuda::launch_sample_tokens(m.logits, p.R, m.cfg.vocab_size, p.sampling, p.banned, m.sampled,
-                                               m.stream),
+                                               m.launch()),
                     "token sampling");
+    m.mark("sampling");
     SIESTA_CUDA_TRY(cudaMemcpyAsync(m.host_sampled, m.sampled, p.R * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
                     "copying sampled tokens to the host");
     SIESTA_CUDA_TRY(cudaStreamSynchronize(m.stream), "forward pass");
+    m.collect_profile();
     bool fallback = false;
     for (int r = 0; r < p.R; ++r) {
       out.tokens[pass_seqs[r]] = m.host_sampled[r];

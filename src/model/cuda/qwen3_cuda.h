@@ -4,11 +4,12 @@
 //   SIESTA_ASSIGN_OR_RETURN(auto model, CudaQwen3::load(model_dir, alloc, options));
 //   SIESTA_ASSIGN_OR_RETURN(cuda::DeviceBuffer kv, model->allocate_kv_cache(num_blocks));
 //   KvCacheView view{kv.data(), num_blocks, model->kv_layout()};   // bf16, elem_bytes 2
-//   model->forward(batch, view, out);                      // fp32 logits on the host
+//   model->forward(batch, view, out);                      // logits on the host (fp32 holding bf16 values)
 //   model->forward_sample(batch, view, rows, sampled);     // tokens chosen on the GPU
 //
 // Weights and activations are bf16 with fp32 accumulation, rounded where
-// Hugging Face's bf16 model rounds (kernels.h). Projections go through
+// Hugging Face's bf16 model rounds (kernels.h) — the logits too: its LM head
+// outputs bf16, so equal bf16 logits tie there and here alike (lowest id wins). Projections go through
 // cuBLASLt, or through a fused GEMV for batches of up to 8 tokens, or — with
 // options.batch_invariant — through a fixed-order tensor-core GEMM whose
 // per-row arithmetic does not depend on the batch (nor does anything else:
@@ -30,6 +31,8 @@
 #include <filesystem>
 #include <memory>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -50,6 +53,14 @@ struct CudaModelOptions {
   bool batch_invariant = false;
   bool cuda_graphs = true;
   int max_graph_batch = 256;    // decode steps of up to this many sequences replay graphs
+  // Let each kernel start while its predecessor finishes (programmatic
+  // dependent launch, sm_90; kernels.h: LaunchConfig). Same results either way.
+  bool programmatic_launch = true;
+  // Query heads per prefill attention CTA (kernels.h); 0 = the default. For benchmarks.
+  int prefill_heads_per_cta = 0;
+  // Time each kernel group with CUDA events between eager launches (no graphs);
+  // read with CudaQwen3::profile(). For finding where time goes, not for speed.
+  bool profile = false;
 };
 
 // forward_sample's result: one token per sequence of the batch. A row the
@@ -96,6 +107,10 @@ class CudaQwen3 final : public Model {
   Result<cuda::DeviceBuffer> allocate_kv_cache(int num_blocks);
 
   const CudaModelOptions& options() const;
+  // With options.profile: milliseconds per kernel group since the last reset,
+  // in order of first appearance ("qkv", "attention_decode", "lm_head", ...).
+  std::vector<std::pair<std::string, double>> profile() const;
+  void reset_profile();
   size_t num_graphs() const;  // decode graphs captured so far
   size_t weight_bytes() const;
 

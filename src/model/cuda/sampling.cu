@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "model/cuda/device_util.cuh"
 #include "model/cuda/kernels.h"
 
 namespace siesta::cuda {
@@ -113,6 +114,7 @@ __device__ __forceinline__ bool better_pair(float v, int id, float bv, int bid) 
 __global__ __launch_bounds__(kThreads) void sample_kernel(const float* logits, int vocab,
                                                           const SamplingRowParams* params, const int32_t* banned,
                                                           int32_t* tokens) {
+  dev::begin_dependent_kernel();
   __shared__ Shared sh;
   const int row = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const float* lg = logits + static_cast<size_t>(row) * vocab;
@@ -366,11 +368,10 @@ __global__ __launch_bounds__(kThreads) void sample_kernel(const float* logits, i
 }  // namespace
 
 cudaError_t launch_sample_tokens(const float* logits, int rows, int vocab, const SamplingRowParams* params,
-                                 const int32_t* banned_ids, int32_t* tokens, cudaStream_t stream) {
+                                 const int32_t* banned_ids, int32_t* tokens, LaunchConfig launch) {
   if (rows <= 0) return cudaSuccess;
   if (vocab <= 0) return cudaErrorInvalidValue;
-  sample_kernel<<<rows, kThreads, 0, stream>>>(logits, vocab, params, banned_ids, tokens);
-  return cudaGetLastError();
+  return launch_kernel(sample_kernel, rows, kThreads, 0, launch, logits, vocab, params, banned_ids, tokens);
 }
 
 }  // namespace siesta::cuda
