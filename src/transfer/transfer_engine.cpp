@@ -98,7 +98,10 @@ class TransferEngine::Impl {
   bool handshakes_closed = false;
   MessageHandler message_handler;
 
-  std::timed_mutex handshake_mu;  // one handshake at a time
+  // One handshake at a time (waited for with the caller's deadline).
+  std::mutex handshake_mu;
+  std::condition_variable handshake_cv;
+  bool handshake_busy = false;
 };
 
 // ---------------------------------------------------------------------------
@@ -238,9 +241,20 @@ void TransferEngine::Impl::transition_locked(Peer& peer, PeerEvent event, const 
 }
 
 Result<std::string> TransferEngine::connect(const std::string& address, Deadline deadline) {
-  std::unique_lock<std::timed_mutex> hs(impl_->handshake_mu, std::defer_lock);
-  if (!hs.try_lock_until(deadline))
-    return timeout(fmt::format("handshake with {}: another handshake did not finish before the deadline", address));
+  {
+    std::unique_lock<std::mutex> lock(impl_->handshake_mu);
+    if (!impl_->handshake_cv.wait_until(lock, deadline, [&] { return !impl_->handshake_busy; }))
+      return timeout(fmt::format("handshake with {}: another handshake did not finish before the deadline", address));
+    impl_->handshake_busy = true;
+  }
+  struct HandshakeDone {
+    Impl* impl;
+    ~HandshakeDone() {
+      std::lock_guard<std::mutex> lock(impl->handshake_mu);
+      impl->handshake_busy = false;
+      impl->handshake_cv.notify_one();
+    }
+  } done{impl_.get()};
   // A peer that changes its regions between our GET_META and the backend's
   // import answers kConflict: fetch its metadata again (a few times).
   for (int attempt = 0;; ++attempt) {
