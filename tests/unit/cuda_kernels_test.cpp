@@ -139,6 +139,8 @@ TEST_F(CudaKernels, QkNormRopeWritesQAndThePagedCache) {
     Bf16Array d_qkv(qkv.size()), d_qn(hd), d_kn(hd), d_q(static_cast<size_t>(T) * qd), d_cache(cache_elems);
     DeviceArray<int32_t> d_pos(T), d_slots(T);
     DeviceArray<float> d_inv(hd / 2);
+    const int max_pos = 4096;
+    DeviceArray<__nv_bfloat162> d_rope(static_cast<size_t>(max_pos) * hd / 2);
     d_qkv.upload(qkv);
     d_qn.upload(qn);
     d_kn.upload(kn);
@@ -146,8 +148,9 @@ TEST_F(CudaKernels, QkNormRopeWritesQAndThePagedCache) {
     d_slots.upload(slots);
     d_inv.upload(inv);
     KvCacheDesc kv{B(d_cache), L, kvh, hd};
-    CUDA_OK(launch_qk_norm_rope_kv(B(d_qkv), T, d_pos.get(), d_slots.get(), B(d_qn), B(d_kn), d_inv.get(), heads, kvh,
-                                   hd, 1e-6f, B(d_q), kv, layer, nullptr));
+    CUDA_OK(launch_rope_table(d_inv.get(), hd, max_pos, d_rope.get(), nullptr));
+    CUDA_OK(launch_qk_norm_rope_kv(B(d_qkv), T, d_pos.get(), d_slots.get(), B(d_qn), B(d_kn), d_rope.get(), heads,
+                                   kvh, hd, 1e-6f, B(d_q), kv, layer, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
     const auto q = to_f32(d_q.download()), cache = to_f32(d_cache.download());
     const auto f = to_f32(qkv), qnf = to_f32(qn), knf = to_f32(kn);

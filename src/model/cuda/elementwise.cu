@@ -70,7 +70,7 @@ __global__ __launch_bounds__(kNormThreads) void add_rms_norm_kernel(bf16* x, con
 // One warp per head vector. Lane l holds the rotation pairs (i, i + half) for
 // i = l + 32 j, so RoPE needs no data exchange; the norm is one warp sum.
 template <int kHeadDim>
-__device__ void norm_rope_head(const bf16* src, const bf16* norm_w, const float* inv_freq, int pos, float eps,
+__device__ void norm_rope_head(const bf16* src, const bf16* norm_w, const __nv_bfloat162* rope, float eps,
                                bf16* dst) {
   constexpr int kHalf = kHeadDim / 2;
   constexpr int kPairs = kHalf / 32;
@@ -91,10 +91,9 @@ __device__ void norm_rope_head(const bf16* src, const bf16* norm_w, const float*
     const int i = lane + 32 * j;
     const float x1 = round_bf16(__bfloat162float(norm_w[i]) * round_bf16(a[j] * rs));
     const float x2 = round_bf16(__bfloat162float(norm_w[i + kHalf]) * round_bf16(b[j] * rs));
-    // As HF: angle in fp32, cos/sin rounded to bf16, each product and the sum rounded.
-    const float angle = static_cast<float>(pos) * inv_freq[i];
-    const float c = round_bf16(cosf(angle));
-    const float s = round_bf16(sinf(angle));
+    // As HF: cos/sin rounded to bf16 (the table), each product and the sum rounded.
+    const float2 cs = __bfloat1622float2(rope[i]);
+    const float c = cs.x, s = cs.y;
     dst[i] = __float2bfloat16(round_bf16(x1 * c) + round_bf16(-x2 * s));
     dst[i + kHalf] = __float2bfloat16(round_bf16(x2 * c) + round_bf16(x1 * s));
   }
@@ -102,25 +101,26 @@ __device__ void norm_rope_head(const bf16* src, const bf16* norm_w, const float*
 
 template <int kHeadDim>
 __global__ void qk_norm_rope_kv_kernel(const bf16* qkv, const int32_t* positions, const int32_t* slots,
-                                       const bf16* q_norm, const bf16* k_norm, const float* inv_freq, int num_heads,
-                                       int num_kv_heads, float eps, bf16* q_out, KvCacheDesc kv, int layer) {
+                                       const bf16* q_norm, const bf16* k_norm, const __nv_bfloat162* rope_table,
+                                       int num_heads, int num_kv_heads, float eps, bf16* q_out, KvCacheDesc kv,
+                                       int layer) {
   dev::begin_dependent_kernel();
   const int t = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   const int q_dim = num_heads * kHeadDim, kv_dim = num_kv_heads * kHeadDim;
   const bf16* row = qkv + static_cast<size_t>(t) * (q_dim + 2 * kv_dim);
-  const int pos = positions[t];
+  const __nv_bfloat162* rope = rope_table + static_cast<size_t>(positions[t]) * (kHeadDim / 2);
   const int slot = slots[t];
   const int units = num_heads + 2 * num_kv_heads;
   for (int u = warp; u < units; u += warps) {
     if (u < num_heads) {
-      norm_rope_head<kHeadDim>(row + u * kHeadDim, q_norm, inv_freq, pos, eps,
+      norm_rope_head<kHeadDim>(row + u * kHeadDim, q_norm, rope, eps,
                                q_out + (static_cast<size_t>(t) * num_heads + u) * kHeadDim);
     } else if (slot >= 0) {
       const int block = slot / kKvBlockSize, in_block = slot % kKvBlockSize;
       if (u < num_heads + num_kv_heads) {
         const int h = u - num_heads;
-        norm_rope_head<kHeadDim>(row + q_dim + h * kHeadDim, k_norm, inv_freq, pos, eps,
+        norm_rope_head<kHeadDim>(row + q_dim + h * kHeadDim, k_norm, rope, eps,
                                  dev::kv_slot(kv, block, in_block, layer, 0, h));
       } else {
         const int h = u - num_heads - num_kv_heads;
@@ -129,6 +129,17 @@ __global__ void qk_norm_rope_kv_kernel(const bf16* qkv, const int32_t* positions
         for (int c = lane; c < kHeadDim / 8; c += 32) dst[c] = src[c];
       }
     }
+  }
+}
+
+__global__ void rope_table_kernel(const float* inv_freq, int half, int max_pos, __nv_bfloat162* table) {
+  dev::begin_dependent_kernel();
+  const size_t n = static_cast<size_t>(max_pos) * half;
+  for (size_t k = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; k < n;
+       k += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int pos = static_cast<int>(k / half), i = static_cast<int>(k % half);
+    const float angle = static_cast<float>(pos) * inv_freq[i];  // fp32, as HF
+    table[k] = __floats2bfloat162_rn(cosf(angle), sinf(angle));
   }
 }
 
@@ -198,20 +209,26 @@ cudaError_t launch_add_rms_norm(bf16* x, const bf16* delta, const bf16* weight, 
   return launch_kernel(add_rms_norm_kernel, rows, kNormThreads, 0, launch, x, delta, weight, hidden, eps, row_index, out);
 }
 
+cudaError_t launch_rope_table(const float* inv_freq, int head_dim, int max_pos, __nv_bfloat162* table,
+                              LaunchConfig launch) {
+  if (max_pos <= 0) return cudaSuccess;
+  return launch_kernel(rope_table_kernel, 1024, 256, 0, launch, inv_freq, head_dim / 2, max_pos, table);
+}
+
 cudaError_t launch_qk_norm_rope_kv(const bf16* qkv, int T, const int32_t* positions, const int32_t* slots,
-                                   const bf16* q_norm, const bf16* k_norm, const float* inv_freq, int num_heads,
-                                   int num_kv_heads, int head_dim, float eps, bf16* q_out, KvCacheDesc kv, int layer,
-                                   LaunchConfig launch) {
+                                   const bf16* q_norm, const bf16* k_norm, const __nv_bfloat162* rope_table,
+                                   int num_heads, int num_kv_heads, int head_dim, float eps, bf16* q_out,
+                                   KvCacheDesc kv, int layer, LaunchConfig launch) {
   if (T <= 0) return cudaSuccess;
   const int units = num_heads + 2 * num_kv_heads;
   const int threads = 32 * (units < 16 ? units : 16);
   switch (head_dim) {
     case 64:
       return launch_kernel(qk_norm_rope_kv_kernel<64>, T, threads, 0, launch, qkv, positions, slots, q_norm, k_norm,
-                           inv_freq, num_heads, num_kv_heads, eps, q_out, kv, layer);
+                           rope_table, num_heads, num_kv_heads, eps, q_out, kv, layer);
     case 128:
       return launch_kernel(qk_norm_rope_kv_kernel<128>, T, threads, 0, launch, qkv, positions, slots, q_norm, k_norm,
-                           inv_freq, num_heads, num_kv_heads, eps, q_out, kv, layer);
+                           rope_table, num_heads, num_kv_heads, eps, q_out, kv, layer);
     default:
       return cudaErrorInvalidValue;
   }

@@ -63,14 +63,19 @@ cudaError_t launch_embed(const int32_t* tokens, int T, const bf16* table, int hi
 cudaError_t launch_add_rms_norm(bf16* x, const bf16* delta, const bf16* weight, int rows, int hidden, float eps,
                                 const int32_t* row_index, bf16* out, LaunchConfig launch);
 
+// The RoPE table: for pos < max_pos and i < head_dim / 2, (cos, sin) of the
+// fp32 angle pos * inv_freq[i], each rounded to bf16 as HF rounds them.
+cudaError_t launch_rope_table(const float* inv_freq, int head_dim, int max_pos, __nv_bfloat162* table,
+                              LaunchConfig launch);
+
 // Per token t: q/k heads of qkv[t] = [q | k | v] get RMSNorm (q_norm / k_norm
-// weights) and RoPE (rotate-half, angle = positions[t] * inv_freq[i]); q goes to
-// q_out[t] ([heads, head_dim]); k and v go to the cache at slots[t] (= block * 16
-// + offset; negative: padding, not written).
+// weights) and RoPE (rotate-half, with the table above at positions[t]); q
+// goes to q_out[t] ([heads, head_dim]); k and v go to the cache at slots[t]
+// (= block * 16 + offset; negative: padding, not written).
 cudaError_t launch_qk_norm_rope_kv(const bf16* qkv, int T, const int32_t* positions, const int32_t* slots,
-                                   const bf16* q_norm, const bf16* k_norm, const float* inv_freq, int num_heads,
-                                   int num_kv_heads, int head_dim, float eps, bf16* q_out, KvCacheDesc kv, int layer,
-                                   LaunchConfig launch);
+                                   const bf16* q_norm, const bf16* k_norm, const __nv_bfloat162* rope_table,
+                                   int num_heads, int num_kv_heads, int head_dim, float eps, bf16* q_out,
+                                   KvCacheDesc kv, int layer, LaunchConfig launch);
 
 // out[t, i] = bf16(bf16(silu(gate)) * up) with gate_up[t] = [gate (inter) | up (inter)].
 cudaError_t launch_silu_mul(const bf16* gate_up, int T, int inter, bf16* out, LaunchConfig launch);

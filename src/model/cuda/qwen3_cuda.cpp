@@ -93,6 +93,7 @@ struct CudaQwen3::Impl {
   bf16* final_norm = nullptr;
   bf16* lm_head = nullptr;
   float* inv_freq = nullptr;
+  __nv_bfloat162* rope_table = nullptr;  // [max_model_len, head_dim / 2] (cos, sin)
   std::vector<LayerWeights> layers;
 
   cuda::DeviceBuffer scratch;
@@ -200,6 +201,9 @@ Result<void> CudaQwen3::Impl::load_weights(const TensorStore& store) {
   if (!cfg.tie_word_embeddings) lm_head_off = place("lm_head.weight", {V, H});
   const size_t inv_freq_off = at;
   at = align_up(at + static_cast<size_t>(HD / 2) * sizeof(float), kAlign);
+  // cos/sin for every position up to max_model_len, computed once (kernels.h).
+  const size_t rope_off = at;
+  at = align_up(at + static_cast<size_t>(opt.max_model_len) * (HD / 2) * sizeof(__nv_bfloat162), kAlign);
 
   // Check every tensor before allocating anything.
   std::vector<TensorView> views;
@@ -233,6 +237,11 @@ Result<void> CudaQwen3::Impl::load_weights(const TensorStore& store) {
   }
   SIESTA_CUDA_TRY(cudaMemcpy(base + inv_freq_off, inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice),
                   "copying RoPE frequencies to the GPU");
+  rope_table = reinterpret_cast<__nv_bfloat162*>(base + rope_off);
+  SIESTA_CUDA_TRY(cuda::launch_rope_table(reinterpret_cast<const float*>(base + inv_freq_off), static_cast<int>(HD),
+                                          opt.max_model_len, rope_table, cuda::LaunchConfig{}),
+                  "computing the RoPE table");
+  SIESTA_CUDA_TRY(cudaDeviceSynchronize(), "computing the RoPE table");
 
   auto ptr = [&](size_t off) { return reinterpret_cast<bf16*>(base + off); };
   embed = ptr(embed_off);
@@ -403,7 +412,7 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
       SIESTA_TRY(linear(h, w.qkv, qkv, false, T, qkv_cols(), H));
       mark("qkv");
     }
-    SIESTA_CUDA_TRY(cuda::launch_qk_norm_rope_kv(qkv, T, p.positions, p.slots, w.q_norm, w.k_norm, inv_freq,
+    SIESTA_CUDA_TRY(cuda::launch_qk_norm_rope_kv(qkv, T, p.positions, p.slots, w.q_norm, w.k_norm, rope_table,
                                                  cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps(), q, p.kv, l,
                                                  launch()),
                     "q/k norm, RoPE and KV write");

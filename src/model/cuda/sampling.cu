@@ -135,10 +135,11 @@ __global__ __launch_bounds__(kThreads) void sample_kernel(const float* logits, i
     return v;
   };
 
-  // 1. The first maximum.
+  // 1. The first maximum. Strided (coalesced) reads: a thread's ids ascend,
+  // so keeping only strictly larger values keeps its first maximum.
   float best_v = -INFINITY;
   int best_i = -1;
-  for (int i = i0; i < i1; ++i) {
+  for (int i = tid; i < vocab; i += kThreads) {
     const float v = value(i);
     if (best_i < 0 || v > best_v) {
       best_v = v;
