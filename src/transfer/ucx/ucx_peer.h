@@ -11,6 +11,12 @@
 //              fails it (a READ's bytes are then not trusted)
 // An endpoint error (the peer died), the peer's process exiting or a missed
 // deadline breaks the peer: every transfer in flight fails.
+//
+// The checks cannot close one window: a peer that deregisters (and frees) a
+// region between our pre-check and our puts, without INVALIDATE first, may
+// still receive the bytes on transports without hardware keys (tcp writes to
+// the address). The post-check then fails the transfer. The protocol
+// (invalidate_peers before deregister_region) is what makes this safe.
 #pragma once
 
 #include <ucp/api/ucp.h>
