@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 #include <unordered_set>
+#include <utility>
 
 #include "common/log.h"
 #include "common/thread_pool.h"
@@ -249,16 +250,35 @@ Result<void> Engine::require_sleep_mode(const char* call) const {
                           " needs sleep mode, which is off; start siesta serve with --enable-sleep-mode");
 }
 
-namespace {
+// The turn of one lifecycle call: taken with the caller's deadline, given
+// back when destroyed.
+class LifecycleTurn {
+ public:
+  static Result<LifecycleTurn> take(Engine::LifecycleGate& gate, Deadline deadline, const char* call) {
+    std::unique_lock<std::mutex> lock(gate.mu);
+    if (!gate.cv.wait_until(lock, deadline, [&] { return !gate.busy; }))
+      return timeout(std::string(call) + ": another lifecycle call (pause, sleep, wake_up, ...) was still running at "
+                     "the deadline; try again");
+    gate.busy = true;
+    return LifecycleTurn(gate);
+  }
+  LifecycleTurn(LifecycleTurn&& other) noexcept : gate_(std::exchange(other.gate_, nullptr)) {}
+  LifecycleTurn& operator=(LifecycleTurn&&) = delete;
+  ~LifecycleTurn() {
+    if (!gate_) return;
+    {
+      std::lock_guard<std::mutex> lock(gate_->mu);
+      gate_->busy = false;
+    }
+    gate_->cv.notify_one();
+  }
 
-// Serialises lifecycle calls, with the caller's deadline.
-Result<std::unique_lock<std::timed_mutex>> lock_lifecycle(std::timed_mutex& mu, Deadline deadline, const char* call) {
-  std::unique_lock<std::timed_mutex> lock(mu, std::defer_lock);
-  if (!lock.try_lock_until(deadline))
-    return timeout(std::string(call) + ": another lifecycle call (pause, sleep, wake_up, ...) was still running at "
-                   "the deadline; try again");
-  return lock;
-}
+ private:
+  explicit LifecycleTurn(Engine::LifecycleGate& gate) : gate_(&gate) {}
+  Engine::LifecycleGate* gate_;
+};
+
+namespace {
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -314,7 +334,7 @@ EngineMemoryReport Engine::memory_report(Deadline deadline) const {
 }
 
 Result<EngineStatus> Engine::pause(PauseMode mode, Deadline deadline) {
-  SIESTA_ASSIGN_OR_RETURN(auto lock, lock_lifecycle(lifecycle_mu_, deadline, "pause"));
+  SIESTA_ASSIGN_OR_RETURN(LifecycleTurn turn, LifecycleTurn::take(lifecycle_, deadline, "pause"));
   SIESTA_TRY(run_on_loop([this, mode] { return pause_on_loop(mode); }, deadline));
   std::unique_lock<std::mutex> state_lock(state_mu_);
   if (!state_cv_.wait_until(state_lock, deadline, [&] { return !engine_schedules(state_.load()); }))
@@ -344,7 +364,7 @@ Result<void> Engine::pause_on_loop(PauseMode mode) {
 }
 
 Result<EngineStatus> Engine::resume(Deadline deadline) {
-  SIESTA_ASSIGN_OR_RETURN(auto lock, lock_lifecycle(lifecycle_mu_, deadline, "resume"));
+  SIESTA_ASSIGN_OR_RETURN(LifecycleTurn turn, LifecycleTurn::take(lifecycle_, deadline, "resume"));
   SIESTA_TRY(run_on_loop(
       [this]() -> Result<void> {
         SIESTA_TRY(transition(EngineEvent::kResume));
@@ -355,9 +375,9 @@ Result<EngineStatus> Engine::resume(Deadline deadline) {
 }
 
 Result<EngineStatus> Engine::reset_prefix_cache(bool reset_running_requests, Deadline deadline) {
-  SIESTA_ASSIGN_OR_RETURN(auto lock, lock_lifecycle(lifecycle_mu_, deadline, "reset_prefix_cache"));
-  SIESTA_TRY(run_on_loop([this, reset_running_requests] { return scheduler_->reset_prefix_cache(reset_running_requests); },
-                         deadline));
+  SIESTA_ASSIGN_OR_RETURN(LifecycleTurn turn, LifecycleTurn::take(lifecycle_, deadline, "reset_prefix_cache"));
+  SIESTA_TRY(run_on_loop(
+      [this, reset_running_requests] { return scheduler_->reset_prefix_cache(reset_running_requests); }, deadline));
   return status();
 }
 
@@ -366,7 +386,7 @@ Result<EngineStatus> Engine::sleep(int level, PauseMode mode, Deadline deadline)
   if (level < 0 || level > 2)
     return invalid_argument("sleep level must be 0 (pause only), 1 (offload weights, release the rest) or 2 "
                             "(release everything), got " + std::to_string(level));
-  SIESTA_ASSIGN_OR_RETURN(auto lock, lock_lifecycle(lifecycle_mu_, deadline, "sleep"));
+  SIESTA_ASSIGN_OR_RETURN(LifecycleTurn turn, LifecycleTurn::take(lifecycle_, deadline, "sleep"));
   const Clock::time_point start = Clock::now();
   // Stop scheduling first, as pause(mode) does; a stopped engine stays as it is.
   if (engine_schedules(state_.load())) {
@@ -435,7 +455,7 @@ Result<void> Engine::sleep_on_loop(int level, Deadline deadline, EngineCallRepor
 }
 
 Result<EngineStatus> Engine::wake_up(memory::TagSet tags, Deadline deadline) {
-  SIESTA_ASSIGN_OR_RETURN(auto lock, lock_lifecycle(lifecycle_mu_, deadline, "wake_up"));
+  SIESTA_ASSIGN_OR_RETURN(LifecycleTurn turn, LifecycleTurn::take(lifecycle_, deadline, "wake_up"));
   const Clock::time_point start = Clock::now();
   EngineCallReport report;
   SIESTA_TRY(run_on_loop([this, tags, &report] { return wake_on_loop(tags, report); }, deadline));
@@ -491,7 +511,7 @@ Result<void> Engine::wake_on_loop(memory::TagSet tags, EngineCallReport& report)
 
 Result<EngineStatus> Engine::release_kv_cache_memory(Deadline deadline) {
   SIESTA_TRY(require_sleep_mode("release_kv_cache_memory"));
-  SIESTA_ASSIGN_OR_RETURN(auto lock, lock_lifecycle(lifecycle_mu_, deadline, "release_kv_cache_memory"));
+  SIESTA_ASSIGN_OR_RETURN(LifecycleTurn turn, LifecycleTurn::take(lifecycle_, deadline, "release_kv_cache_memory"));
   const Clock::time_point start = Clock::now();
   EngineCallReport report;
   SIESTA_TRY(run_on_loop([this, deadline, &report] { return release_kv_on_loop(deadline, report); }, deadline));
@@ -523,7 +543,7 @@ Result<void> Engine::release_kv_on_loop(Deadline deadline, EngineCallReport& rep
 }
 
 Result<EngineStatus> Engine::reload_weights(std::optional<std::filesystem::path> model_dir, Deadline deadline) {
-  SIESTA_ASSIGN_OR_RETURN(auto lock, lock_lifecycle(lifecycle_mu_, deadline, "reload_weights"));
+  SIESTA_ASSIGN_OR_RETURN(LifecycleTurn turn, LifecycleTurn::take(lifecycle_, deadline, "reload_weights"));
   const Clock::time_point start = Clock::now();
   EngineCallReport report;
   SIESTA_TRY(run_on_loop(
@@ -638,7 +658,8 @@ void Engine::run_loop() {
     poll_connector();
     idle_step = false;
     if (engine_schedules(state_.load()) && scheduler_->has_unfinished()) idle_step = !step();
-    if (state_.load() == EngineState::kDraining && !scheduler_->has_unfinished()) (void)transition(EngineEvent::kDrained);
+    if (state_.load() == EngineState::kDraining && !scheduler_->has_unfinished())
+      (void)transition(EngineEvent::kDrained);
     publish_metrics();
   }
   // Shutting down: every request still known ends as aborted.

@@ -175,6 +175,8 @@ class Engine {
   // weights_loaded_ is cleared when the pool says weights were released.
   void note_weights_released();
 
+  friend class LifecycleTurn;
+
   void run_loop();
   void admit(std::vector<EngineSubmission>& submissions);
   void apply_aborts(const std::vector<RequestId>& ids);
@@ -203,8 +205,15 @@ class Engine {
   std::atomic<EngineState> state_{EngineState::kRunning};
   std::mutex state_mu_;
   std::condition_variable state_cv_;
-  // Held for the whole of each lifecycle call, so they never interleave.
-  std::timed_mutex lifecycle_mu_;
+  // One lifecycle call at a time, so they never interleave; a mutex and a
+  // condition variable rather than a timed_mutex, which ThreadSanitizer
+  // cannot follow.
+  struct LifecycleGate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool busy = false;
+  };
+  LifecycleGate lifecycle_;
   // Written on the loop, read by status() from any thread.
   mutable std::mutex weights_mu_;
   bool weights_loaded_ = true;

@@ -29,7 +29,8 @@ KvCacheMemory::KvCacheMemory(KvCacheMemory&& other) noexcept
 
 KvCacheMemory::~KvCacheMemory() {
   if (!pool_) return;
-  if (auto ok = pool_->free(allocation_.id); !ok) SIESTA_LOG_WARN("engine: freeing the KV cache: {}", ok.error().message);
+  if (auto ok = pool_->free(allocation_.id); !ok)
+    SIESTA_LOG_WARN("engine: freeing the KV cache: {}", ok.error().message);
 }
 
 }  // namespace siesta

@@ -150,7 +150,8 @@ CpuQwen3::CpuQwen3(ModelConfig cfg, std::unique_ptr<memory::MemoryPool> own_memo
 CpuQwen3::~CpuQwen3() {
   for (const std::optional<memory::Allocation>* a : {&weights_alloc_, &scratch_alloc_})
     if (*a)
-      if (auto ok = memory_.free((*a)->id); !ok) SIESTA_LOG_WARN("model: freeing {}: {}", (*a)->name, ok.error().message);
+      if (auto ok = memory_.free((*a)->id); !ok)
+        SIESTA_LOG_WARN("model: freeing {}: {}", (*a)->name, ok.error().message);
 }
 
 Result<void> CpuQwen3::reserve_memory(const std::filesystem::path& model_dir, int32_t scratch_rows) {
