@@ -14,6 +14,10 @@ inline constexpr int kExitUsage = 2;
 void add_tokenize_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_make_model_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
+// `siesta bench <what>`: each adds itself under the bench subcommand.
+void add_bench_serve_command(CLI::App& bench);
+void add_bench_transfer_command(CLI::App& bench);
 void add_proxy_command(CLI::App& app);
 
 }  // namespace siesta::cli

@@ -14,6 +14,13 @@ int main(int argc, char** argv) {
   siesta::cli::add_tokenize_command(app);
   siesta::cli::add_generate_command(app);
   siesta::cli::add_make_model_command(app);
+  siesta::cli::add_serve_command(app);
+  {
+    auto* bench = app.add_subcommand("bench", "Benchmarks (serve: an OpenAI server under load; transfer: the transfer engine)");
+    bench->require_subcommand(1);
+    siesta::cli::add_bench_serve_command(*bench);
+    siesta::cli::add_bench_transfer_command(*bench);
+  }
   siesta::cli::add_proxy_command(app);
 
   try {

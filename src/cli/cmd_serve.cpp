@@ -1,0 +1,142 @@
+// siesta serve --model DIR [--host 127.0.0.1] [--port 8000] [--api-key K]
+//              [--served-model-name NAME] [--max-model-len N] [--max-num-seqs N]
+//              [--max-num-batched-tokens N] [--kv-cache-memory-bytes N | --num-kv-blocks N]
+//              [--no-enable-prefix-caching] [--threads N] [--seed S]
+//
+// Loads the model into an Engine and answers the OpenAI-compatible HTTP API
+// (src/server) until SIGINT or SIGTERM. Prints one line on stderr once it
+// listens: "siesta serve: listening on http://HOST:PORT (model NAME)", so a
+// caller that asked for --port 0 learns the port.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cctype>
+#include <iostream>
+#include <thread>
+
+#include "cli/commands.h"
+#include "engine/engine.h"
+#include "server/api_server.h"
+
+namespace siesta::cli {
+namespace {
+
+struct ServeFlags {
+  EngineOptions engine;
+  server::ServerOptions server;
+  std::string kv_cache_memory;
+  int64_t max_model_len = 0;
+  int64_t num_kv_blocks = 0;
+  int64_t seed = -1;
+  bool no_prefix_caching = false;
+};
+
+// "4294967296", "4G", "512M", "1.5GiB": K/M/G/T are powers of 1024 (with or without "iB"/"B").
+Result<uint64_t> parse_bytes(const std::string& text) {
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    return invalid_argument("--kv-cache-memory-bytes: expected a byte count such as 4294967296 or 4G, got '" + text + "'");
+  }
+  std::string unit = text.substr(pos);
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (unit.size() > 1 && unit.back() == 'B') unit.pop_back();
+  if (unit.size() > 1 && unit.back() == 'I') unit.pop_back();
+  double scale = 1;
+  if (unit == "K") scale = 1024.0;
+  else if (unit == "M") scale = 1024.0 * 1024;
+  else if (unit == "G") scale = 1024.0 * 1024 * 1024;
+  else if (unit == "T") scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B")
+    return invalid_argument("--kv-cache-memory-bytes: unknown unit '" + text.substr(pos) + "' (use K, M, G or T)");
+  if (!(v > 0)) return invalid_argument("--kv-cache-memory-bytes must be positive, got '" + text + "'");
+  return static_cast<uint64_t>(v * scale);
+}
+
+Result<void> run_serve(ServeFlags& f) {
+  if (!f.kv_cache_memory.empty()) {
+    SIESTA_ASSIGN_OR_RETURN(uint64_t bytes, parse_bytes(f.kv_cache_memory));
+    f.engine.kv_cache_memory_bytes = bytes;
+  }
+  if (f.max_model_len > 0) f.engine.max_model_len = static_cast<int32_t>(f.max_model_len);
+  if (f.num_kv_blocks > 0) f.engine.num_kv_blocks = static_cast<int32_t>(f.num_kv_blocks);
+  if (f.seed >= 0) f.engine.seed = static_cast<uint64_t>(f.seed);
+  f.engine.enable_prefix_caching = !f.no_prefix_caching;
+  if (f.server.served_model_name.empty()) f.server.served_model_name = f.engine.model_dir.string();
+
+  // SIGINT/SIGTERM go to one waiting thread (every thread started below
+  // inherits the blocked mask); writes to a closed socket must not kill us.
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::create(f.engine));
+  server::ApiServer api(*engine, f.server);
+  SIESTA_ASSIGN_OR_RETURN(int port, api.bind());
+  std::cerr << "siesta serve: listening on http://" << f.server.host << ":" << port << " (model "
+            << f.server.served_model_name << ", max_model_len " << engine->limits().max_model_len << ", "
+            << engine->limits().num_kv_blocks << " KV blocks)" << std::endl;
+
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    api.stop();
+  });
+  Result<void> served = api.serve();
+  pthread_kill(waiter.native_handle(), SIGTERM);  // wakes the waiter if serve() ended on its own
+  waiter.join();
+  return served;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("serve", "Serve a model over the OpenAI-compatible HTTP API");
+  auto f = std::make_shared<ServeFlags>();
+  cmd->add_option("--model", f->engine.model_dir, "Model directory (config.json, safetensors, tokenizer.json)")
+      ->required();
+  cmd->add_option("--host", f->server.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", f->server.port, "Port to listen on (0: any free port)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  cmd->add_option("--api-key", f->server.api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
+  cmd->add_option("--served-model-name", f->server.served_model_name, "Model name in the API (default: --model)");
+  cmd->add_option("--max-model-len", f->max_model_len,
+                  "Prompt + output tokens per request (default: the model's max_position_embeddings, "
+                  "lowered to what the KV cache holds)")
+      ->check(CLI::Range(int64_t{2}, int64_t{INT32_MAX}));
+  cmd->add_option("--max-num-seqs", f->engine.max_num_seqs, "Requests running at once")
+      ->check(CLI::Range(1, INT32_MAX))
+      ->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", f->engine.max_num_batched_tokens, "Tokens per engine step")
+      ->check(CLI::Range(1, INT32_MAX))
+      ->capture_default_str();
+  auto* bytes = cmd->add_option("--kv-cache-memory-bytes", f->kv_cache_memory,
+                                "KV cache size in bytes (K, M, G suffixes: powers of 1024; default 4G)");
+  auto* blocks = cmd->add_option("--num-kv-blocks", f->num_kv_blocks, "KV cache size in blocks of 16 tokens")
+                     ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
+  bytes->excludes(blocks);
+  cmd->add_flag("--no-enable-prefix-caching", f->no_prefix_caching, "Turn the prefix cache off");
+  cmd->add_option("--threads", f->engine.threads, "CPU threads for the model (0: all cores)")->capture_default_str();
+  cmd->add_option("--seed", f->seed, "Seed of the sampler for requests without their own seed (default: random)")
+      ->check(CLI::Range(int64_t{0}, INT64_MAX));
+  cmd->add_option("--max-request-body-bytes", f->server.max_request_body_bytes, "Larger bodies get 413")
+      ->capture_default_str();
+  cmd->add_option("--http-threads", f->server.http_threads,
+                  "HTTP worker threads (0: max-num-seqs + 64; a request holds one while it runs)")
+      ->capture_default_str();
+  cmd->callback([f] {
+    auto r = run_serve(*f);
+    if (!r) {
+      std::cerr << "siesta serve: " << r.error().message << "\n";
+      throw CLI::RuntimeError(kExitFailure);
+    }
+  });
+}
+
+}  // namespace siesta::cli

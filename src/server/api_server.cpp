@@ -1,0 +1,141 @@
+#include "server/api_server.h"
+
+#include <ctime>
+
+#include "common/log.h"
+#include "server/generation_handler.h"
+#include "server/info_handlers.h"
+#include "server/server_context.h"
+
+namespace siesta::server {
+namespace {
+
+// Compares in time that depends only on the lengths.
+bool same_secret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+ApiError error_for_status(const httplib::Request& req, int status, size_t max_body) {
+  switch (status) {
+    case 404:
+      return ApiError{404, "invalid_request_error", "not_found", "no route for " + req.method + " " + req.path, {}};
+    case 413:
+      return ApiError{413, "invalid_request_error", "request_too_large",
+                      "the request body is larger than the limit of " + std::to_string(max_body) + " bytes",
+                      {}};
+    case 400:
+      return ApiError{400, "invalid_request_error", "bad_request", "the HTTP request could not be read", {}};
+    default:
+      break;
+  }
+  if (status < 500)
+    return ApiError{status, "invalid_request_error", "http_" + std::to_string(status),
+                    "HTTP error " + std::to_string(status), {}};
+  return ApiError{status, "server_error", "http_" + std::to_string(status), "HTTP error " + std::to_string(status), {}};
+}
+
+}  // namespace
+
+struct ApiServer::Http {
+  httplib::Server server;
+  int port = -1;
+};
+
+ApiServer::ApiServer(Engine& engine, ServerOptions options)
+    : ctx_(new ServerContext{engine, std::move(options), SamplingDefaults::load(engine.options().model_dir),
+                             static_cast<int64_t>(std::time(nullptr))}),
+      http_(std::make_unique<Http>()) {
+  ServerContext& ctx = *ctx_;
+  httplib::Server& s = http_->server;
+  const size_t threads = ctx.options.http_threads > 0
+                             ? ctx.options.http_threads
+                             : static_cast<size_t>(engine.limits().max_num_seqs) + 64;
+  s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  s.set_payload_max_length(ctx.options.max_request_body_bytes);
+  s.set_tcp_nodelay(true);
+
+  s.set_pre_routing_handler([&ctx](const httplib::Request& req, httplib::Response& res) {
+    if (ctx.options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (same_secret(req.get_header_value("Authorization"), "Bearer " + ctx.options.api_key))
+      return httplib::Server::HandlerResponse::Unhandled;
+    send_error(res, ApiError{401, "authentication_error", "invalid_api_key",
+                             "a valid API key is required: send 'Authorization: Bearer <key>'", {}});
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // Every answer of 400 and above that has no body yet (unknown path, body
+  // too large, unreadable HTTP) gets OpenAI error JSON.
+  s.set_error_handler(httplib::Server::HandlerWithResponse(
+      [&ctx](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty() || res.status == 499) return httplib::Server::HandlerResponse::Unhandled;
+        send_error(res, error_for_status(req, res.status, ctx.options.max_request_body_bytes));
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+  s.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    SIESTA_LOG_ERROR("server: {} {}: {}", req.method, req.path, what);
+    send_error(res, ApiError{500, "server_error", "internal_error", "internal error: " + what, {}});
+  });
+
+  // POST routes read their body through a content reader (server_context.h says why).
+  auto post = [&s, &ctx](const char* path, auto handler) {
+    s.Post(path, [&ctx, handler](const httplib::Request& req, httplib::Response& res,
+                                 const httplib::ContentReader& reader) {
+      std::string body;
+      if (read_body(reader, res, body)) handler(req, body, res);
+    });
+  };
+  post("/v1/completions", [&ctx](const httplib::Request& req, const std::string& body, httplib::Response& res) {
+    handle_generation(ctx, ApiKind::kCompletion, req, body, res);
+  });
+  post("/v1/chat/completions", [&ctx](const httplib::Request& req, const std::string& body, httplib::Response& res) {
+    handle_generation(ctx, ApiKind::kChat, req, body, res);
+  });
+  post("/tokenize", [&ctx](const httplib::Request&, const std::string& body, httplib::Response& res) {
+    handle_tokenize(ctx, body, res);
+  });
+  post("/detokenize", [&ctx](const httplib::Request&, const std::string& body, httplib::Response& res) {
+    handle_detokenize(ctx, body, res);
+  });
+  s.Get("/v1/models", [&ctx](const httplib::Request& req, httplib::Response& res) { handle_models(ctx, req, res); });
+  s.Get("/metrics", [&ctx](const httplib::Request& req, httplib::Response& res) { handle_metrics(ctx, req, res); });
+  s.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
+  s.Get("/version", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, {{"version", "0.1.0"}}); });
+}
+
+ApiServer::~ApiServer() { stop(); }
+
+Result<int> ApiServer::bind() {
+  const ServerOptions& o = ctx_->options;
+  if (o.port == 0) {
+    http_->port = http_->server.bind_to_any_port(o.host);
+  } else if (http_->server.bind_to_port(o.host, o.port)) {
+    http_->port = o.port;
+  }
+  if (http_->port <= 0)
+    return io_error("cannot listen on " + o.host + ":" + std::to_string(o.port) +
+                    " (address in use, or not an address of this host); choose another --host or --port");
+  return http_->port;
+}
+
+Result<void> ApiServer::serve() {
+  if (http_->port <= 0) return conflict("serve() before a successful bind()");
+  if (!http_->server.listen_after_bind() && !ctx_->stopping.load())
+    return io_error("the HTTP server stopped listening on port " + std::to_string(http_->port));
+  return {};
+}
+
+void ApiServer::stop() {
+  ctx_->stopping.store(true);
+  if (http_->server.is_running()) http_->server.stop();
+}
+
+}  // namespace siesta::server

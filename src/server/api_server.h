@@ -1,0 +1,63 @@
+// ApiServer: the OpenAI-compatible HTTP API over one Engine (cpp-httplib).
+//
+// Lifecycle
+//   ApiServer server(engine, options);        // engine outlives the server
+//   Result<int> port = server.bind();         // options.port 0: any free port
+//   server.serve();                           // blocks, answering requests on a thread pool
+//   server.stop();                            // from another thread (a signal handler thread):
+//                                             // waiting handlers abort their requests, serve() returns
+//
+// Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+// GET /health, POST /tokenize, POST /detokenize, GET /metrics, GET /version.
+// With options.api_key, every route but /health needs
+// `Authorization: Bearer KEY` (401 otherwise). Errors are OpenAI error JSON
+// (api_error.h): malformed JSON, wrong types and out-of-range values 400, an
+// unknown model 404 (model_not_found), an unknown path 404, a body over
+// max_request_body_bytes 413. Handlers parse, validate and translate; the
+// engine does the work. A client that disconnects has its requests aborted.
+//
+// Thread safety: bind and serve from one thread; stop from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "engine/engine.h"
+
+namespace siesta::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;                      // empty: no authentication
+  std::string served_model_name;            // the name clients use in "model"
+  size_t max_request_body_bytes = 32u << 20;
+  size_t http_threads = 0;                  // 0: max_num_seqs + 64 (a request holds a thread while it runs)
+  // How often a handler that waits for the engine looks at its client.
+  std::chrono::milliseconds client_poll_interval{50};
+};
+
+struct ServerContext;
+
+class ApiServer {
+ public:
+  ApiServer(Engine& engine, ServerOptions options);
+  ~ApiServer();
+  ApiServer(const ApiServer&) = delete;
+  ApiServer& operator=(const ApiServer&) = delete;
+
+  // kIo naming the address when it cannot be bound.
+  Result<int> bind();
+  Result<void> serve();
+  void stop();
+
+ private:
+  struct Http;
+  std::unique_ptr<ServerContext> ctx_;
+  std::unique_ptr<Http> http_;
+};
+
+}  // namespace siesta::server

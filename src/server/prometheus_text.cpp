@@ -1,0 +1,84 @@
+#include "server/prometheus_text.h"
+
+#include <prometheus/metric_family.h>
+#include <prometheus/text_serializer.h>
+
+#include <limits>
+#include <sstream>
+#include <vector>
+
+namespace siesta::server {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+struct Families {
+  std::vector<MetricFamily> all;
+  std::string model;
+
+  ClientMetric& add(const std::string& name, const std::string& help, MetricType type) {
+    all.push_back(MetricFamily{name, help, type, {}});
+    all.back().metric.emplace_back();
+    all.back().metric.back().label = {{"model_name", model}};
+    return all.back().metric.back();
+  }
+  void gauge(const std::string& name, const std::string& help, double v) { add(name, help, MetricType::Gauge).gauge.value = v; }
+  void counter(const std::string& name, const std::string& help, double v) {
+    add(name, help, MetricType::Counter).counter.value = v;
+  }
+  void histogram(const std::string& name, const std::string& help, const Histogram& h) {
+    ClientMetric& m = add(name, help, MetricType::Histogram);
+    m.histogram.sample_count = h.count;
+    m.histogram.sample_sum = h.sum;
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i < h.bounds.size(); ++i) {
+      cumulative += h.counts[i];
+      m.histogram.bucket.push_back({cumulative, h.bounds[i]});
+    }
+    m.histogram.bucket.push_back({h.count, std::numeric_limits<double>::infinity()});
+  }
+};
+
+}  // namespace
+
+std::string render_prometheus(const EngineMetricsSnapshot& s, const std::string& model_name) {
+  Families f{{}, model_name};
+  f.gauge("siesta:num_requests_running", "Number of requests in model execution batches.", s.num_requests_running);
+  f.gauge("siesta:num_requests_waiting", "Number of requests waiting to be processed.", s.num_requests_waiting);
+  f.gauge("siesta:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_cache_usage);
+  f.counter("siesta:prompt_tokens_total", "Number of prefill tokens processed.", static_cast<double>(s.prompt_tokens));
+  f.counter("siesta:generation_tokens_total", "Number of generation tokens processed.",
+            static_cast<double>(s.generation_tokens));
+  {
+    f.all.push_back(MetricFamily{"siesta:request_success_total", "Count of finished requests by finish reason.",
+                                 MetricType::Counter, {}});
+    for (FinishReason r : {FinishReason::kStop, FinishReason::kLength, FinishReason::kAbort}) {
+      ClientMetric m;
+      m.label = {{"finished_reason", finish_reason_name(r)}, {"model_name", model_name}};
+      m.counter.value = static_cast<double>(s.finished(r));
+      f.all.back().metric.push_back(std::move(m));
+    }
+  }
+  f.counter("siesta:num_requests_submitted_total", "Number of requests accepted by the engine.",
+            static_cast<double>(s.num_requests_submitted));
+  f.counter("siesta:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
+            static_cast<double>(s.prefix_cache_queries));
+  f.counter("siesta:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",
+            static_cast<double>(s.prefix_cache_hits));
+  f.counter("siesta:num_preemptions_total", "Cumulative number of preemptions from the engine.",
+            static_cast<double>(s.num_preemptions));
+  f.gauge("siesta:num_kv_blocks", "Number of KV-cache blocks.", s.num_kv_blocks);
+  f.histogram("siesta:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+              s.time_to_first_token);
+  f.histogram("siesta:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+              s.inter_token_latency);
+  f.histogram("siesta:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+              s.e2e_request_latency);
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, f.all);
+  return out.str();
+}
+
+}  // namespace siesta::server

@@ -1,0 +1,47 @@
+// ServerContext: what every handler of an ApiServer shares (the engine, the
+// options, the sampling defaults), and the helpers that write JSON answers.
+// Handlers run on the HTTP thread pool; everything here is safe to use from
+// several of them at once (the engine is thread-safe, the rest is read-only
+// or atomic).
+#pragma once
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "engine/engine.h"
+#include "server/api_error.h"
+#include "server/api_server.h"
+#include "server/sampling_request.h"
+
+namespace siesta::server {
+
+struct ServerContext {
+  Engine& engine;
+  ServerOptions options;
+  SamplingDefaults sampling_defaults;
+  int64_t started_at = 0;               // unix seconds
+  std::atomic<bool> stopping{false};    // waiting handlers give up when set
+};
+
+// JSON text; invalid UTF-8 (never expected) is replaced rather than thrown on.
+std::string dump_json(const nlohmann::json& j);
+void send_json(httplib::Response& res, int status, const nlohmann::json& body);
+void send_error(httplib::Response& res, const ApiError& error);
+// Reads a POST body through cpp-httplib's content reader. Bodies are read
+// this way, not into Request::body, so that a JSON body sent with curl's
+// default form content type is not parsed as a form (which cpp-httplib caps at
+// 8 KiB). false after answering 413 (over max_request_body_bytes) or 400.
+bool read_body(const httplib::ContentReader& reader, httplib::Response& res, std::string& body);
+// The body as a JSON value, or false after answering 400 for malformed JSON.
+bool parse_json_body(const std::string& body, httplib::Response& res, nlohmann::json& out);
+// 404 model_not_found when the body names a model other than the served one
+// (a missing "model" means the served model). Returns false after answering.
+bool check_model(const ServerContext& ctx, const nlohmann::json& body, httplib::Response& res);
+// "cmpl-" + 32 random hex digits, etc.
+std::string random_id(const char* prefix);
+
+}  // namespace siesta::server
