@@ -3,9 +3,8 @@
 // One CTA per (kv head, partition of kDecodePartitionTokens, sequence) serves
 // the whole GQA group of that kv head, so K and V are read once per group.
 // Memory-bound, so plain fp32 FMAs: lane-per-token dot products for the scores,
-// a fixed-order softmax over the partition, and weighted sums of V. The
-// partition's V rows are requested (cp.async into shared memory) before the
-// scores are computed, so their latency hides behind the first two phases. Sequences longer than one partition write normalised
+// a fixed-order softmax over the partition, and lane-per-dimension weighted sums
+// of V (coalesced rows). Sequences longer than one partition write normalised
 // partial outputs with their (max, sum) and a second kernel combines them in
 // partition order. Every order depends only on the sequence's own length.
 #include <cuda_bf16.h>
@@ -14,7 +13,6 @@
 
 #include "model/cuda/device_util.cuh"
 #include "model/cuda/kernels.h"
-#include "model/cuda/mma.cuh"
 
 namespace siesta::cuda {
 namespace {
@@ -50,19 +48,6 @@ __global__ __launch_bounds__(kThreads) void decode_attention_kernel(AttentionArg
   }
   const int nparts = (kv_len + kP - 1) / kP;
   if (part >= nparts) return;
-  const int p0 = part * kP;
-  const int n = min(kv_len, p0 + kP) - p0;
-  const int* table = a.block_tables + a.seq_table_start[seq];
-
-  // The partition's V rows, [n][kHeadDim], arrive while the scores are computed.
-  extern __shared__ __align__(16) unsigned char v_raw[];
-  bf16* v_s = reinterpret_cast<bf16*>(v_raw);
-  for (int i = threadIdx.x; i < n * kChunks; i += kThreads) {
-    const int j = i / kChunks, c = i % kChunks, t = p0 + j;
-    dev::cp_async16(v_s + j * kHeadDim + c * 8,
-                    dev::kv_slot(a.kv, table[t / kKvBlockSize], t % kKvBlockSize, a.layer, 1, kvh) + c * 8, true);
-  }
-  dev::cp_async_commit();
 
   // Scores are kept in the log2 domain: q is pre-scaled by scale * log2(e).
   const float qscale = a.scale * kLog2e;
@@ -71,6 +56,10 @@ __global__ __launch_bounds__(kThreads) void decode_attention_kernel(AttentionArg
     q_s[g][d] = __bfloat162float(a.q[(static_cast<size_t>(row) * a.num_heads + h0 + g) * kHeadDim + d]) * qscale;
   }
   __syncthreads();
+
+  const int p0 = part * kP;
+  const int n = min(kv_len, p0 + kP) - p0;
+  const int* table = a.block_tables + a.seq_table_start[seq];
 
   // Scores: lane j of a warp takes token c*32 + j; all its K loads go out first.
   for (int c = warp; c * 32 < n; c += kWarps) {
@@ -145,11 +134,10 @@ __global__ __launch_bounds__(kThreads) void decode_attention_kernel(AttentionArg
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) stat_s[g][0] = m[g];
   }
-  dev::cp_async_wait<0>();
   __syncthreads();
 
-  // P V from shared memory: a V row is kHeadDim / 8 lanes of 16 bytes, so a
-  // warp covers kTokensPerStep tokens per load.
+  // P V: a V row is kHeadDim / 8 lanes of 16 bytes, so a warp covers
+  // kTokensPerStep tokens per load and keeps kUnroll loads in flight per lane.
   constexpr int kLanesPerToken = kHeadDim / 8;
   constexpr int kTokensPerStep = 32 / kLanesPerToken;
   constexpr int kUnroll = 8;
@@ -165,7 +153,11 @@ __global__ __launch_bounds__(kThreads) void decode_attention_kernel(AttentionArg
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int j = j0 + u * kStride;
-      if (j < n) v[u] = *reinterpret_cast<const uint4*>(v_s + j * kHeadDim + dim0);
+      if (j < n) {
+        const int t = p0 + j;
+        v[u] = *reinterpret_cast<const uint4*>(
+            dev::kv_slot(a.kv, table[t / kKvBlockSize], t % kKvBlockSize, a.layer, 1, kvh) + dim0);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -240,12 +232,7 @@ __global__ __launch_bounds__(kHeadDim) void decode_reduce_kernel(AttentionArgs a
 template <int kHeadDim, int kGroup>
 cudaError_t launch_for(const AttentionArgs& a, int num_decode, int max_partitions, const LaunchConfig& launch) {
   const dim3 grid(a.num_kv_heads, max_partitions, num_decode);
-  constexpr size_t v_bytes = static_cast<size_t>(kP) * kHeadDim * sizeof(bf16);
-  static const cudaError_t attr = cudaFuncSetAttribute(decode_attention_kernel<kHeadDim, kGroup>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       static_cast<int>(v_bytes));
-  if (attr != cudaSuccess) return attr;
-  const cudaError_t err = launch_kernel(decode_attention_kernel<kHeadDim, kGroup>, grid, kThreads, v_bytes, launch, a);
+  const cudaError_t err = launch_kernel(decode_attention_kernel<kHeadDim, kGroup>, grid, kThreads, 0, launch, a);
   if (err != cudaSuccess || max_partitions <= 1) return err;
   return launch_kernel(decode_reduce_kernel<kHeadDim>, dim3(a.num_heads, num_decode), kHeadDim, 0, launch, a);
 }
