@@ -1,5 +1,6 @@
 // siesta bench serve --url URL --num-prompts N --concurrency C --input-len I --output-len O
 //                    [--result-file F] [--seed S] [--model NAME] [--api-key K] [--vocab-size V]
+//                    [--notes TEXT]
 //
 // Load on an OpenAI-compatible server, as `vllm bench serve` with the random
 // dataset: N prompts of I random token ids (from [0, V)), each asking for O
@@ -47,6 +48,7 @@ struct BenchFlags {
   std::string api_key;
   int vocab_size = 4000;
   int timeout_s = 600;
+  std::string notes;
 };
 
 struct RequestResult {
@@ -161,10 +163,15 @@ nlohmann::json machine() {
   uname(&u);
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
+  // The load when the run started: other work on the machine shows here.
+  std::string load;
+  std::ifstream loadavg("/proc/loadavg");
+  std::getline(loadavg, load);
   return nlohmann::json{{"hostname", host},
                         {"cpu", cpu},
                         {"cores", std::thread::hardware_concurrency()},
-                        {"os", std::string(u.sysname) + " " + u.release}};
+                        {"os", std::string(u.sysname) + " " + u.release},
+                        {"loadavg_at_start", load}};
 }
 
 std::string utc_now() {
@@ -193,6 +200,7 @@ Result<std::string> served_model(HttpClient& client) {
 
 Result<void> run_bench(const BenchFlags& f) {
   const auto timeout = std::chrono::seconds(f.timeout_s);
+  const nlohmann::json machine_info = machine();
   SIESTA_ASSIGN_OR_RETURN(HttpClient probe, HttpClient::create(f.url, timeout, f.api_key));
   std::string model = f.model;
   if (model.empty()) {
@@ -213,7 +221,7 @@ Result<void> run_bench(const BenchFlags& f) {
 
   std::vector<RequestResult> results(prompts.size());
   std::atomic<size_t> next{0};
-  std::atomic<int> done{0};
+  int done = 0;  // under progress_mu
   std::mutex progress_mu;
   const Clock::time_point start = Clock::now();
   std::vector<std::thread> workers;
@@ -224,9 +232,8 @@ Result<void> run_bench(const BenchFlags& f) {
       for (size_t i; (i = next.fetch_add(1)) < prompts.size();) {
         results[i] = client ? send_one(*client, model, prompts[i], f.output_len)
                             : RequestResult{false, client.error().message, 0, 0, 0, {}};
-        const int d = ++done;
         std::lock_guard<std::mutex> lock(progress_mu);
-        progress(d, f.num_prompts, seconds_since(start));
+        progress(++done, f.num_prompts, seconds_since(start));
       }
     });
   }
@@ -284,9 +291,10 @@ Result<void> run_bench(const BenchFlags& f) {
   if (!f.result_file.empty()) {
     nlohmann::json j{
         {"benchmark", "serve"},
+        {"notes", f.notes},
         {"date", utc_now()},
         {"commit", command_output("git rev-parse --short HEAD 2>/dev/null")},
-        {"machine", machine()},
+        {"machine", machine_info},
         {"config",
          {{"url", f.url},
           {"model", model},
@@ -341,6 +349,7 @@ void add_bench_serve_command(CLI::App& bench) {
   cmd->add_option("--vocab-size", f->vocab_size, "Prompt token ids are drawn from [0, this)")
       ->check(CLI::Range(1, 1 << 24))
       ->capture_default_str();
+  cmd->add_option("--notes", f->notes, "Free text kept in the result file (how the server was started)");
   cmd->add_option("--timeout", f->timeout_s, "Seconds a connect or read may take")->check(CLI::Range(1, 86400))->capture_default_str();
   cmd->callback([f] {
     auto r = run_bench(*f);

@@ -28,8 +28,11 @@ class Server:
     """A `siesta serve` process on a free port (it binds port 0 and prints the port it got)."""
 
     def __init__(self, *extra):
+        # A small KV cache unless the test sizes it: the memory pool commits it all at startup.
+        size = [] if any(a.startswith("--kv-cache") or a == "--num-kv-blocks" for a in extra) else [
+            "--kv-cache-memory-bytes", "64M"]
         self.proc = subprocess.Popen(
-            [SIESTA, "serve", "--model", MODEL, "--port", "0", "--threads", "2", "--seed", "0", *extra],
+            [SIESTA, "serve", "--model", MODEL, "--port", "0", "--threads", "2", "--seed", "0", *size, *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         servers.append(self)
         self.port = None
