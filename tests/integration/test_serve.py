@@ -217,6 +217,27 @@ def streaming_matches_whole_response_and_reports_usage():
     assert all(len(t) >= 1 and v <= 0 for t, v in zip(lp["top_logprobs"], lp["token_logprobs"]))
 
 
+def echo_and_chat_logprobs():
+    prompt = golden["prompts"][0]["text"]
+    base = {"prompt": prompt, "max_tokens": 5, "temperature": 0, "ignore_eos": True}
+    plain = post(PORT, "/v1/completions", base)["choices"][0]["text"]
+    echoed = post(PORT, "/v1/completions", dict(base, echo=True))["choices"][0]["text"]
+    assert echoed == prompt + plain, (echoed, plain)
+    s = collect_stream(stream(PORT, "/v1/completions", dict(base, echo=True, stream=True)))[0]
+    assert s["text"] == prompt + plain
+    s, b = request(PORT, "POST", "/v1/completions", dict(base, echo=True, logprobs=1))
+    expect_error(s, b, 400, "echo")
+    r = post(PORT, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                                            "temperature": 0, "ignore_eos": True, "logprobs": True,
+                                            "top_logprobs": 3})
+    content = r["choices"][0]["logprobs"]["content"]
+    assert len(content) == 4
+    for e in content:
+        assert set(e) == {"token", "logprob", "bytes", "top_logprobs"}, e
+        assert len(e["top_logprobs"]) == 3 and e["top_logprobs"][0]["logprob"] >= e["logprob"] - 1e-9
+        assert all(isinstance(x, int) and 0 <= x < 256 for x in e["bytes"])
+
+
 def stop_strings_end_the_text():
     base = {"prompt": golden["prompts"][0]["text"], "max_tokens": 24, "temperature": 0, "ignore_eos": True}
     full = post(PORT, "/v1/completions", base)["choices"][0]["text"]
@@ -504,7 +525,7 @@ def server_survived_everything():
 
 try:
     for fn in (greedy_completions_equal_generate, token_prompt_batch_and_n_choices,
-               streaming_matches_whole_response_and_reports_usage, stop_strings_end_the_text,
+               streaming_matches_whole_response_and_reports_usage, echo_and_chat_logprobs, stop_strings_end_the_text,
                concurrent_mixed_requests_equal_each_alone, prefix_cache_hits_show_in_metrics_and_change_nothing,
                preemption_under_a_tiny_kv_cache_keeps_outputs, bad_input_gets_openai_errors,
                client_disconnect_aborts_the_request, api_key_is_required_everywhere_but_health,
