@@ -2,6 +2,7 @@
 //              [--served-model-name NAME] [--max-model-len N] [--max-num-seqs N]
 //              [--max-num-batched-tokens N] [--kv-cache-memory-bytes N | --num-kv-blocks N]
 //              [--no-enable-prefix-caching] [--threads N] [--seed S]
+//              [--enable-sleep-mode] [--max-held-requests N]
 //
 // Loads the model into an Engine and answers the OpenAI-compatible HTTP API
 // (src/server) until SIGINT or SIGTERM. Prints one line on stderr once it
@@ -122,6 +123,12 @@ void add_serve_command(CLI::App& app) {
                      ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
   bytes->excludes(blocks);
   cmd->add_flag("--no-enable-prefix-caching", f->no_prefix_caching, "Turn the prefix cache off");
+  cmd->add_flag("--enable-sleep-mode", f->engine.enable_sleep_mode,
+                "Admin API of sleep mode: /sleep, /wake_up, /release_kv_cache_memory, /reload_weights, ...");
+  cmd->add_option("--max-held-requests", f->engine.max_held_requests,
+                  "Requests that wait while the engine is paused or asleep; beyond, 503")
+      ->check(CLI::Range(0, INT32_MAX))
+      ->capture_default_str();
   cmd->add_option("--threads", f->engine.threads, "CPU threads for the model (0: all cores)")->capture_default_str();
   cmd->add_option("--seed", f->seed, "Seed of the sampler for requests without their own seed (default: random)")
       ->check(CLI::Range(int64_t{0}, INT64_MAX));

@@ -3,6 +3,7 @@
 #include <ctime>
 
 #include "common/log.h"
+#include "server/admin_handlers.h"
 #include "server/generation_handler.h"
 #include "server/info_handlers.h"
 #include "server/server_context.h"
@@ -109,6 +110,7 @@ ApiServer::ApiServer(Engine& engine, ServerOptions options)
   s.Get("/metrics", [&ctx](const httplib::Request& req, httplib::Response& res) { handle_metrics(ctx, req, res); });
   s.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
   s.Get("/version", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, {{"version", "0.1.0"}}); });
+  add_admin_routes(s, ctx);  // sleep mode (admin_handlers.h)
 }
 
 ApiServer::~ApiServer() { stop(); }

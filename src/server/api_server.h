@@ -8,7 +8,8 @@
 //                                             // waiting handlers abort their requests, serve() returns
 //
 // Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
-// GET /health, POST /tokenize, POST /detokenize, GET /metrics, GET /version.
+// GET /health, POST /tokenize, POST /detokenize, GET /metrics, GET /version,
+// and the sleep-mode admin routes (admin_handlers.h).
 // With options.api_key, every route but /health needs
 // `Authorization: Bearer KEY` (401 otherwise). Errors are OpenAI error JSON
 // (api_error.h): malformed JSON, wrong types and out-of-range values 400, an
