@@ -397,8 +397,14 @@ Result<EngineStatus> Engine::sleep(int level, PauseMode mode, Deadline deadline)
                      "engine stays draining (call sleep again to keep waiting, or use mode keep)");
   }
   EngineCallReport report;
-  SIESTA_TRY(run_on_loop([this, level, deadline, &report] { return sleep_on_loop(level, deadline, report); },
-                         deadline));
+  if (auto slept = run_on_loop([this, level, deadline, &report] { return sleep_on_loop(level, deadline, report); },
+                                deadline);
+      !slept) {
+    const EngineState now = state_.load();
+    return Status{slept.error().code, slept.error().message + "; the engine is " + engine_state_name(now) +
+                                          (engine_is_sleeping(now) ? " (call sleep or wake_up again)"
+                                                                   : " (call sleep again, or resume to serve)")};
+  }
   EngineStatus s = status();
   report.seconds = seconds_since(start);
   s.call = std::move(report);

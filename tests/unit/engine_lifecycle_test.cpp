@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -500,6 +501,69 @@ TEST(EngineLifecycle, ReloadWeightsFromAnotherCheckpointAndBack) {
   ASSERT_TRUE(e->reload_weights(kTiny, soon()));
   ASSERT_TRUE(e->resume(soon()));
   EXPECT_EQ(run_prompts(*e), ours);
+}
+
+// ---- the P/D connector ----------------------------------------------------------------
+
+// Records release_transfer_kv calls with the KV cache's state at each; can
+// be told to fail them.
+class RecordingConnector final : public KvConnector {
+ public:
+  explicit RecordingConnector(bool fail) : fail_(fail) {}
+  ConnectorPlan on_request_added(const EngineRequest&) override { return {}; }
+  void start_load(const RequestId&, const RemoteKvTarget&) override {}
+  ConnectorUpdates poll() override { return {}; }
+  nlohmann::json on_request_finished(const EngineRequest&, const RequestOutput&) override { return nullptr; }
+  void on_request_aborted(const RequestId&) override {}
+  Result<void> release_transfer_kv(Deadline) override {
+    ++calls;
+    if (fail_) return unavailable("peer 'decode-0' did not acknowledge INVALIDATE");
+    return {};
+  }
+  std::atomic<int> calls{0};
+
+ private:
+  bool fail_;
+};
+
+TEST(EngineLifecycle, TheConnectorEndsTransfersBeforeTheKvCacheIsReleased) {
+  auto connector = std::make_unique<RecordingConnector>(false);
+  RecordingConnector* c = connector.get();
+  auto created = Engine::create(options(), std::move(connector));
+  ASSERT_TRUE(created) << created.error().message;
+  auto& e = *created;
+  const auto baseline = run_prompts(*e);
+  ASSERT_TRUE(e->sleep(0, PauseMode::kKeep, soon()));
+  EXPECT_EQ(c->calls, 0);  // level 0 releases nothing
+  ASSERT_TRUE(e->sleep(1, PauseMode::kKeep, soon()));
+  EXPECT_EQ(c->calls, 1);
+  ASSERT_TRUE(e->sleep(2, PauseMode::kKeep, soon()));
+  EXPECT_EQ(c->calls, 1);  // the KV cache was gone already
+  ASSERT_TRUE(e->wake_up(TagSet::all(), soon()));
+  ASSERT_TRUE(e->pause(PauseMode::kKeep, soon()));
+  ASSERT_TRUE(e->release_kv_cache_memory(soon()));
+  EXPECT_EQ(c->calls, 2);
+  ASSERT_TRUE(e->wake_up(TagSet::all(), soon()));
+  ASSERT_TRUE(e->resume(soon()));
+  EXPECT_EQ(run_prompts(*e), baseline);
+}
+
+TEST(EngineLifecycle, AConnectorThatCannotEndTransfersKeepsTheKvCacheResident) {
+  auto created = Engine::create(options(), std::make_unique<RecordingConnector>(true));
+  ASSERT_TRUE(created) << created.error().message;
+  auto& e = *created;
+  const auto baseline = run_prompts(*e);
+  auto slept = e->sleep(1, PauseMode::kKeep, soon());
+  ASSERT_FALSE(slept);
+  EXPECT_NE(slept.error().message.find("KV cache stays resident"), std::string::npos) << slept.error().message;
+  EXPECT_NE(slept.error().message.find("decode-0"), std::string::npos) << slept.error().message;
+  EXPECT_EQ(e->state(), EngineState::kPaused);  // paused by the sleep, nothing released
+  EXPECT_EQ(e->status().resident, TagSet::all());
+  auto released = e->release_kv_cache_memory(soon());
+  ASSERT_FALSE(released);
+  EXPECT_EQ(e->state(), EngineState::kPaused);
+  ASSERT_TRUE(e->resume(soon()));
+  EXPECT_EQ(run_prompts(*e), baseline);
 }
 
 // ---- refusals ---------------------------------------------------------------------------
