@@ -221,7 +221,13 @@ TEST(EngineLifecycle, Level1OffloadsWeightsReleasesTheRestAndWakesIdentical) {
   EXPECT_EQ(w->state, EngineState::kRunning);
   EXPECT_EQ(w->call.restored_bytes[memory::tag_index(Tag::kWeights)], resident(awake, Tag::kWeights));
   EXPECT_EQ(e->memory_report(soon()).pool, awake.pool);
+  // The KV contents are gone, so the prefix cache must be empty: the same
+  // prompts find nothing cached (while awake, a rerun finds their blocks).
+  const uint64_t hits = e->metrics().prefix_cache_hits;
   EXPECT_EQ(run_prompts(*e), baseline);
+  EXPECT_EQ(e->metrics().prefix_cache_hits, hits);
+  EXPECT_EQ(run_prompts(*e), baseline);
+  EXPECT_GT(e->metrics().prefix_cache_hits, hits);
 }
 
 TEST(EngineLifecycle, Level2SelectiveWakeWaitsForEveryTagAndReloads) {
