@@ -4,6 +4,8 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "temp_dir.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,19 +26,10 @@ using ::testing::HasSubstr;
 const fs::path kSource = SIESTA_SOURCE_DIR;
 const fs::path kTiny = kSource / "models" / "tiny-qwen3";
 
-class TempDir {
+// Each test's scratch directory.
+class TempDir : public siesta::testing::TempDir {
  public:
-  TempDir() {
-    static int counter = 0;
-    path_ = fs::temp_directory_path() / ("siesta_make_model_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
+  TempDir() : siesta::testing::TempDir("siesta_make_model_test") {}
 };
 
 std::string read_file(const fs::path& p) {
