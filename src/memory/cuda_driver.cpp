@@ -21,18 +21,18 @@ Result<std::unique_ptr<CudaDriver>> CudaDriver::load() {
     return unavailable("the NVIDIA driver is too old (no cuGetProcAddress_v2; CUDA 12 or newer is needed)");
   }
   auto driver = std::make_unique<CudaDriver>();
-  auto resolve = [&](const char* name, void** slot) -> Ok {
+  auto resolve = [&](const char* name, int version, void** slot) -> Ok {
     CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    CUresult r = get_proc(name, slot, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found);
+    CUresult r = get_proc(name, slot, version, CU_GET_PROC_ADDRESS_DEFAULT, &found);
     if (r != CUDA_SUCCESS || found != CU_GET_PROC_ADDRESS_SUCCESS || *slot == nullptr) {
-      return unavailable(fmt::format("the NVIDIA driver lacks {} for CUDA {}.{} (result {}, lookup {}); update the "
-                                     "driver",
-                                     name, CUDA_VERSION / 1000, CUDA_VERSION % 1000 / 10, static_cast<int>(r),
+      return unavailable(fmt::format("the NVIDIA driver lacks {} (ABI of CUDA {}.{}; result {}, lookup {}); "
+                                     "update the driver",
+                                     name, version / 1000, version % 1000 / 10, static_cast<int>(r),
                                      static_cast<int>(found)));
     }
     return {};
   };
-#define SIESTA_CUDA_RESOLVE_(name) SIESTA_TRY(resolve(#name, reinterpret_cast<void**>(&driver->name)));
+#define SIESTA_CUDA_RESOLVE_(name, version) SIESTA_TRY(resolve(#name, version, reinterpret_cast<void**>(&driver->name)));
   SIESTA_CUDA_DRIVER_FUNCTIONS(SIESTA_CUDA_RESOLVE_)
 #undef SIESTA_CUDA_RESOLVE_
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include <memory>
 #include <string>
@@ -20,20 +21,25 @@
 
 namespace siesta::memory {
 
-// X(name) for every function used. The names are the API names; cuda.h maps
-// some to versioned symbols (cuMemGetInfo -> cuMemGetInfo_v2), which the
-// member declarations follow and cuGetProcAddress resolves from the base name.
-#define SIESTA_CUDA_DRIVER_FUNCTIONS(X)                                                                     \
-  X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString) X(cuDeviceGetCount) X(cuDeviceGet) \
-  X(cuDeviceGetName) X(cuDeviceGetAttribute) X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain)                \
-  X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuMemGetInfo)                       \
-  X(cuMemGetAllocationGranularity) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate)                \
-  X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemExportToShareableHandle)               \
-  X(cuMemImportFromShareableHandle) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyHtoD) X(cuMemcpyDtoH)      \
-  X(cuMemsetD8)
+// X(name, version) for every function used: the member is typed with the
+// driver's typedef for that exact version (cudaTypedefs.h) and resolved with
+// cuGetProcAddress at that version. Asking for CUDA_VERSION instead would hand
+// back whatever the newest ABI of a name is: with CUDA 13 headers
+// "cuCtxSynchronize" resolves to cuCtxSynchronize_v2(CUcontext), and calling
+// it through a (void) pointer passes a garbage context.
+#define SIESTA_CUDA_DRIVER_FUNCTIONS(X)                                                                  \
+  X(cuInit, 2000) X(cuDriverGetVersion, 2020) X(cuGetErrorName, 6000) X(cuGetErrorString, 6000)          \
+  X(cuDeviceGetCount, 2000) X(cuDeviceGet, 2000) X(cuDeviceGetName, 2000) X(cuDeviceGetAttribute, 2000)  \
+  X(cuDeviceTotalMem, 3020) X(cuDevicePrimaryCtxRetain, 7000) X(cuDevicePrimaryCtxRelease, 11000)        \
+  X(cuCtxSetCurrent, 4000) X(cuCtxSynchronize, 2000) X(cuMemGetInfo, 3020)                               \
+  X(cuMemGetAllocationGranularity, 10020) X(cuMemAddressReserve, 10020) X(cuMemAddressFree, 10020)       \
+  X(cuMemCreate, 10020) X(cuMemRelease, 10020) X(cuMemMap, 10020) X(cuMemUnmap, 10020)                   \
+  X(cuMemSetAccess, 10020) X(cuMemExportToShareableHandle, 10020)                                        \
+  X(cuMemImportFromShareableHandle, 10020) X(cuMemHostAlloc, 2020) X(cuMemFreeHost, 2000)                \
+  X(cuMemcpyHtoD, 3020) X(cuMemcpyDtoH, 3020) X(cuMemsetD8, 3020)
 
 struct CudaDriver {
-#define SIESTA_CUDA_DECLARE_(name) decltype(&::name) name = nullptr;
+#define SIESTA_CUDA_DECLARE_(name, version) PFN_##name##_v##version name = nullptr;
   SIESTA_CUDA_DRIVER_FUNCTIONS(SIESTA_CUDA_DECLARE_)
 #undef SIESTA_CUDA_DECLARE_
 
