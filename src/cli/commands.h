@@ -19,5 +19,6 @@ void add_serve_command(CLI::App& app);
 void add_bench_serve_command(CLI::App& bench);
 void add_bench_transfer_command(CLI::App& bench);
 void add_proxy_command(CLI::App& app);
+void add_demo_command(CLI::App& app);
 
 }  // namespace siesta::cli

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
     siesta::cli::add_bench_transfer_command(*bench);
   }
   siesta::cli::add_proxy_command(app);
+  siesta::cli::add_demo_command(app);
 
   try {
     app.parse(argc, argv);

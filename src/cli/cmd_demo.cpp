@@ -1,0 +1,495 @@
+// siesta demo [--model DIR] [--device auto|cpu|cuda] [--backend ipc|ucx] [--mode write|read]
+//             [--max-tokens N] [--json] [--logs DIR] [--startup-timeout S] [--request-timeout S]
+//
+// P/D disaggregation end to end on one machine: starts a prefill engine (P),
+// a decode engine (D), `siesta proxy` in front of them, and one colocated
+// `siesta serve` as the reference, all as child processes of this one; sends
+// a handful of requests through the proxy (streamed, greedy and seeded
+// sampling, a shared prefix, a chat request), sends each again to the
+// colocated engine, and prints one table: per request the TTFT through the
+// proxy, tokens generated, the KV bytes D loaded from P and the transfer time
+// (D's /metrics before and after; requests run one at a time), and whether
+// the output equals the colocated engine's. Exit code 0 only when every
+// request succeeded with an identical output.
+//
+// The model defaults to the embedded tiny Qwen3 (models/tiny-qwen3 of the
+// source tree when the binary is build/bin/siesta, or under the working
+// directory); the
+// device to CUDA when a GPU is usable, else the CPU. Child processes are
+// stopped on exit and on Ctrl-C (and by the kernel if this process is killed);
+// their logs are kept in --logs, or in a temporary folder that is removed
+// unless something failed.
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/child_process.h"
+#include "cli/commands.h"
+#include "cli/http_client.h"
+#include "memory/cuda_backend.h"
+
+namespace siesta::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+constexpr const char* kModelName = "siesta-demo";
+
+struct DemoFlags {
+  fs::path model;
+  std::string device = "auto";
+  std::string backend = "ipc";
+  std::string mode = "write";
+  int max_tokens = 32;
+  bool json_output = false;
+  fs::path logs;
+  int startup_timeout_s = 120;
+  int request_timeout_s = 120;
+};
+
+// One request of the demo: the same body goes through the proxy (streamed)
+// and to the colocated engine (not streamed).
+struct DemoRequest {
+  std::string name;
+  std::string path;  // /v1/completions or /v1/chat/completions
+  json body;
+};
+
+struct DemoResult {
+  std::string name;
+  bool ok = false;
+  std::string error;
+  double ttft_ms = 0;
+  double total_ms = 0;
+  int tokens = 0;
+  double kv_bytes = 0;
+  double transfer_ms = 0;
+  bool equal = false;
+  std::string text;
+};
+
+// ---------------------------------------------------------------------------
+// Children, and stopping them on Ctrl-C.
+
+std::mutex g_children_mu;
+std::vector<ChildProcess*> g_children;
+std::atomic<bool> g_finished{false};
+
+void stop_all_children() {
+  std::lock_guard<std::mutex> lock(g_children_mu);
+  for (ChildProcess* c : g_children) c->signal(SIGTERM);
+  for (ChildProcess* c : g_children) c->stop(std::chrono::seconds(5));
+}
+
+struct ChildRegistration {
+  explicit ChildRegistration(ChildProcess& c) : child(&c) {
+    std::lock_guard<std::mutex> lock(g_children_mu);
+    g_children.push_back(child);
+  }
+  ~ChildRegistration() {
+    std::lock_guard<std::mutex> lock(g_children_mu);
+    g_children.erase(std::remove(g_children.begin(), g_children.end(), child), g_children.end());
+  }
+  ChildProcess* child;
+};
+
+// ---------------------------------------------------------------------------
+
+Result<fs::path> find_model(const DemoFlags& f) {
+  if (!f.model.empty()) {
+    if (!fs::exists(f.model / "config.json")) {
+      return not_found(fmt::format("--model {}: no config.json there", f.model.string()));
+    }
+    return f.model;
+  }
+  std::vector<fs::path> candidates;
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) candidates.push_back(exe.parent_path().parent_path().parent_path() / "models/tiny-qwen3");
+  candidates.push_back(fs::current_path() / "models/tiny-qwen3");
+  for (const fs::path& c : candidates) {
+    if (fs::exists(c / "config.json")) return fs::weakly_canonical(c);
+  }
+  std::string looked;
+  for (const fs::path& c : candidates) looked += (looked.empty() ? "" : ", ") + c.string();
+  return not_found("the embedded tiny model was not found (looked in " + looked + "); pass --model DIR");
+}
+
+Result<std::string> pick_device(const std::string& requested) {
+  if (requested == "cpu") return std::string("cpu");
+  auto cuda = memory::make_cuda_backend();
+  if (cuda) return std::string("cuda");
+  if (requested == "cuda") return unavailable("--device cuda: " + cuda.error().message);
+  return std::string("cpu");
+}
+
+std::string connector_config(const std::string& role, const DemoFlags& f) {
+  json c = {{"kv_connector", "SiestaConnector"},
+            {"kv_role", role},
+            {"kv_connector_extra_config", {{"backend", f.backend}, {"mode", f.mode}}}};
+  return c.dump();
+}
+
+std::vector<std::string> engine_args(const fs::path& model, const std::string& device, int threads) {
+  std::vector<std::string> a = {"serve",  "--model",           model.string(), "--host", "127.0.0.1",
+                                "--port", "0", "--served-model-name", kModelName,     "--seed", "0"};
+  if (device == "cpu") {
+    // Four engines share the CPU: small caches, the cores split between them.
+    a.insert(a.end(), {"--kv-cache-memory-bytes", "256M", "--threads", std::to_string(threads)});
+  } else {
+    a.insert(a.end(), {"--device", "cuda", "--kv-cache-memory-bytes", "2G"});
+  }
+  return a;
+}
+
+std::vector<DemoRequest> demo_requests(int max_tokens) {
+  const std::string shared =
+      "Sleep mode lets an inference server give its GPU memory back while a trainer uses the GPU, "
+      "and take it back later at the same addresses. With prefill and decode on separate engines, ";
+  auto completion = [&](std::string name, std::string prompt, json extra) {
+    json body = {{"model", kModelName},      {"prompt", std::move(prompt)},
+                 {"max_tokens", max_tokens}, {"temperature", 0},
+                 {"stream", true},           {"stream_options", {{"include_usage", true}}}};
+    body.update(extra);
+    return DemoRequest{std::move(name), "/v1/completions", std::move(body)};
+  };
+  std::vector<DemoRequest> r;
+  r.push_back(completion("short, greedy", "The quick brown fox", json::object()));
+  r.push_back(completion("shared prefix 1", shared + "the KV cache must", json::object()));
+  r.push_back(completion("shared prefix 2", shared + "a request whose KV was in flight", json::object()));
+  r.push_back(completion("seeded sampling", "Once upon a time, in a small village,",
+                         json{{"temperature", 0.8}, {"top_p", 0.95}, {"seed", 7}}));
+  std::string long_prompt;
+  for (int i = 0; i < 12; ++i) {
+    long_prompt += fmt::format("Paragraph {}: the decode engine receives the prompt's keys and values. ", i + 1);
+  }
+  r.push_back(completion("long prompt", long_prompt + "In summary,", json::object()));
+  json chat = {{"model", kModelName},
+               {"messages", json::array({json{{"role", "user"}, {"content", "Say hello in three languages."}}})},
+               {"max_tokens", max_tokens},
+               {"temperature", 0},
+               {"stream", true},
+               {"stream_options", {{"include_usage", true}}}};
+  r.push_back(DemoRequest{"chat", "/v1/chat/completions", chat});
+  return r;
+}
+
+// Sums every series of a Prometheus metric (any labels).
+double metric_sum(const std::string& text, const std::string& name) {
+  double sum = 0;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line.compare(0, name.size(), name) != 0) continue;
+    if (line.size() > name.size() && line[name.size()] != ' ' && line[name.size()] != '{') continue;
+    size_t sp = line.rfind(' ');
+    if (sp == std::string::npos) continue;
+    try {
+      sum += std::stod(line.substr(sp + 1));
+    } catch (const std::exception&) {
+    }
+  }
+  return sum;
+}
+
+struct TransferCounters {
+  double bytes = 0;
+  double seconds = 0;
+};
+
+Result<TransferCounters> transfer_counters(const std::string& url, std::chrono::seconds timeout) {
+  SIESTA_ASSIGN_OR_RETURN(HttpClient c, HttpClient::create(url, timeout));
+  SIESTA_ASSIGN_OR_RETURN(HttpReply r, c.get("/metrics"));
+  if (r.status != 200) return io_error(fmt::format("{}/metrics answered {}", url, r.status));
+  return TransferCounters{metric_sum(r.body, "siesta:kv_transfer_bytes_total"),
+                          metric_sum(r.body, "siesta:kv_transfer_seconds_total")};
+}
+
+std::string chunk_text(const json& chunk) {
+  if (!chunk.contains("choices") || chunk["choices"].empty()) return {};
+  const json& c = chunk["choices"][0];
+  if (c.contains("text") && c["text"].is_string()) return c["text"].get<std::string>();
+  if (c.contains("delta") && c["delta"].contains("content") && c["delta"]["content"].is_string()) {
+    return c["delta"]["content"].get<std::string>();
+  }
+  return {};
+}
+
+std::string reply_text(const json& reply) {
+  if (!reply.contains("choices") || reply["choices"].empty()) return {};
+  const json& c = reply["choices"][0];
+  if (c.contains("text") && c["text"].is_string()) return c["text"].get<std::string>();
+  if (c.contains("message") && c["message"].contains("content") && c["message"]["content"].is_string()) {
+    return c["message"]["content"].get<std::string>();
+  }
+  return {};
+}
+
+std::string error_of(const HttpReply& r) {
+  json j = json::parse(r.body, nullptr, false);
+  if (j.is_object() && j.contains("error") && j["error"].contains("message")) {
+    return fmt::format("HTTP {}: {}", r.status, j["error"]["message"].get<std::string>());
+  }
+  return fmt::format("HTTP {}: {}", r.status, r.body.substr(0, 200));
+}
+
+DemoResult run_one(const DemoRequest& req, const std::string& proxy, const std::string& decode,
+                   const std::string& colocated, std::chrono::seconds timeout) {
+  DemoResult out;
+  out.name = req.name;
+  auto before = transfer_counters(decode, timeout);
+
+  auto client = HttpClient::create(proxy, timeout);
+  if (!client) {
+    out.error = client.error().message;
+    return out;
+  }
+  const auto t0 = Clock::now();
+  std::optional<Clock::time_point> first;
+  std::string stream_error;
+  auto reply = client->post_events(req.path, req.body.dump(), [&](std::string_view data) {
+    if (data == "[DONE]") return false;
+    json chunk = json::parse(data, nullptr, false);
+    if (!chunk.is_object()) return true;
+    if (chunk.contains("error")) {
+      stream_error = chunk["error"].value("message", chunk["error"].dump());
+      return false;
+    }
+    std::string t = chunk_text(chunk);
+    if (!t.empty() && !first) first = Clock::now();
+    out.text += t;
+    if (chunk.contains("usage") && chunk["usage"].is_object()) {
+      out.tokens = chunk["usage"].value("completion_tokens", 0);
+    }
+    return true;
+  });
+  const auto t1 = Clock::now();
+  if (!reply) {
+    out.error = reply.error().message;
+    return out;
+  }
+  if (reply->status != 200) {
+    out.error = error_of(*reply);
+    return out;
+  }
+  if (!stream_error.empty()) {
+    out.error = "stream error: " + stream_error;
+    return out;
+  }
+  out.ttft_ms = std::chrono::duration<double, std::milli>((first ? *first : t1) - t0).count();
+  out.total_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+
+  auto after = transfer_counters(decode, timeout);
+  if (before && after) {
+    out.kv_bytes = after->bytes - before->bytes;
+    out.transfer_ms = (after->seconds - before->seconds) * 1e3;
+  }
+
+  json plain = req.body;
+  plain["stream"] = false;
+  plain.erase("stream_options");
+  auto ref_client = HttpClient::create(colocated, timeout);
+  if (!ref_client) {
+    out.error = "colocated: " + ref_client.error().message;
+    return out;
+  }
+  auto ref = ref_client->post_json(req.path, plain.dump());
+  if (!ref) {
+    out.error = "colocated: " + ref.error().message;
+    return out;
+  }
+  if (ref->status != 200) {
+    out.error = "colocated: " + error_of(*ref);
+    return out;
+  }
+  json ref_json = json::parse(ref->body, nullptr, false);
+  out.equal = ref_json.is_object() && reply_text(ref_json) == out.text;
+  out.ok = true;
+  return out;
+}
+
+std::string human_bytes(double b) {
+  if (b >= 1024.0 * 1024) return fmt::format("{:.2f} MiB", b / (1024.0 * 1024));
+  if (b >= 1024.0) return fmt::format("{:.1f} KiB", b / 1024.0);
+  return fmt::format("{:.0f} B", b);
+}
+
+void print_table(const std::vector<DemoResult>& results, const std::string& device, const DemoFlags& f) {
+  std::cout << fmt::format("siesta demo: P/D on {} ({} backend, {} mode), through siesta proxy\n\n", device,
+                           f.backend, f.mode);
+  std::cout << fmt::format("{:<18} {:>9} {:>7} {:>12} {:>12}  {}\n", "request", "TTFT ms", "tokens", "KV moved",
+                           "transfer ms", "output = colocated");
+  for (const DemoResult& r : results) {
+    if (!r.ok) {
+      std::cout << fmt::format("{:<18} {:>9} {:>7} {:>12} {:>12}  FAILED: {}\n", r.name, "-", "-", "-", "-",
+                               r.error);
+      continue;
+    }
+    std::cout << fmt::format("{:<18} {:>9.1f} {:>7} {:>12} {:>12.2f}  {}\n", r.name, r.ttft_ms, r.tokens,
+                             human_bytes(r.kv_bytes), r.transfer_ms, r.equal ? "yes" : "NO");
+  }
+}
+
+Result<bool> run_demo(const DemoFlags& f) {
+  SIESTA_ASSIGN_OR_RETURN(fs::path model, find_model(f));
+  SIESTA_ASSIGN_OR_RETURN(std::string device, pick_device(f.device));
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return io_error("cannot find the siesta executable (/proc/self/exe): " + ec.message());
+
+  fs::path logs = f.logs;
+  const bool temporary_logs = logs.empty();
+  if (temporary_logs) {
+    char tmpl[] = "/tmp/siesta-demo-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) return io_error("cannot create a temporary folder for the logs");
+    logs = tmpl;
+  } else {
+    fs::create_directories(logs, ec);
+    if (ec) return io_error(fmt::format("--logs {}: {}", logs.string(), ec.message()));
+  }
+
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const int threads = static_cast<int>(std::max(1u, cores / 3));
+  const auto startup_deadline = Clock::now() + std::chrono::seconds(f.startup_timeout_s);
+  const auto timeout = std::chrono::seconds(f.request_timeout_s);
+
+  auto start = [&](const std::string& name, std::vector<std::string> args) {
+    return ChildProcess::start(name, exe, args, logs / (name + ".log"));
+  };
+  std::vector<std::string> p_args = engine_args(model, device, threads);
+  p_args.insert(p_args.end(), {"--kv-transfer-config", connector_config("kv_producer", f)});
+  std::vector<std::string> d_args = engine_args(model, device, threads);
+  d_args.insert(d_args.end(), {"--kv-transfer-config", connector_config("kv_consumer", f)});
+
+  SIESTA_ASSIGN_OR_RETURN(ChildProcess colocated, start("colocated", engine_args(model, device, threads)));
+  ChildRegistration reg_c(colocated);
+  SIESTA_ASSIGN_OR_RETURN(ChildProcess prefill, start("prefill", p_args));
+  ChildRegistration reg_p(prefill);
+  SIESTA_ASSIGN_OR_RETURN(ChildProcess decode, start("decode", d_args));
+  ChildRegistration reg_d(decode);
+
+  bool all_good = false;
+  Result<bool> outcome = [&]() -> Result<bool> {
+    SIESTA_ASSIGN_OR_RETURN(std::string c_url, colocated.wait_for_listening(startup_deadline));
+    SIESTA_ASSIGN_OR_RETURN(std::string p_url, prefill.wait_for_listening(startup_deadline));
+    SIESTA_ASSIGN_OR_RETURN(std::string d_url, decode.wait_for_listening(startup_deadline));
+    SIESTA_ASSIGN_OR_RETURN(ChildProcess proxy, start("proxy", {"proxy", "--prefill", p_url, "--decode", d_url,
+                                                                "--host", "127.0.0.1", "--port", "0"}));
+    ChildRegistration reg_x(proxy);
+    SIESTA_ASSIGN_OR_RETURN(std::string x_url, proxy.wait_for_listening(startup_deadline));
+    if (!f.json_output) {
+      std::cerr << fmt::format("siesta demo: model {} on {}; P {}, D {}, proxy {}, colocated {}; logs in {}\n",
+                               model.string(), device, p_url, d_url, x_url, c_url, logs.string());
+    }
+
+    std::vector<DemoResult> results;
+    for (const DemoRequest& req : demo_requests(f.max_tokens)) {
+      results.push_back(run_one(req, x_url, d_url, c_url, timeout));
+    }
+    all_good = std::all_of(results.begin(), results.end(), [](const DemoResult& r) { return r.ok && r.equal; });
+
+    if (f.json_output) {
+      json out = json::array();
+      for (const DemoResult& r : results) {
+        out.push_back({{"request", r.name},        {"ok", r.ok},
+                       {"error", r.error},         {"ttft_ms", r.ttft_ms},
+                       {"total_ms", r.total_ms},   {"tokens", r.tokens},
+                       {"kv_bytes", r.kv_bytes},   {"transfer_ms", r.transfer_ms},
+                       {"equal_colocated", r.equal}, {"text", r.text}});
+      }
+      std::cout << json{{"device", device}, {"backend", f.backend}, {"mode", f.mode}, {"requests", out}}.dump(2)
+                << std::endl;
+    } else {
+      print_table(results, device, f);
+      std::cout << "\n"
+                << (all_good ? "every output equals the colocated engine's"
+                             : "SOME REQUESTS FAILED OR DIFFER (logs: " + logs.string() + ")")
+                << std::endl;
+    }
+    return all_good;
+  }();
+
+  stop_all_children();
+  if (!outcome) {
+    std::cerr << "siesta demo: logs kept in " << logs.string() << "\n";
+    return outcome;
+  }
+  if (temporary_logs && all_good) fs::remove_all(logs, ec);
+  return all_good;
+}
+
+}  // namespace
+
+void add_demo_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "demo", "P/D disaggregation end to end: P, D, the proxy and a colocated reference on the tiny model");
+  auto f = std::make_shared<DemoFlags>();
+  cmd->add_option("--model", f->model, "Model directory (default: the embedded tiny Qwen3, models/tiny-qwen3)");
+  cmd->add_option("--device", f->device, "auto (CUDA when a GPU is usable), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--backend", f->backend, "KV transfer backend")
+      ->check(CLI::IsMember({"ipc", "ucx"}))
+      ->capture_default_str();
+  cmd->add_option("--mode", f->mode, "KV transfer mode: write (P writes into D) or read (D reads from P)")
+      ->check(CLI::IsMember({"write", "read"}))
+      ->capture_default_str();
+  cmd->add_option("--max-tokens", f->max_tokens, "Tokens generated per request")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd->add_flag("--json", f->json_output, "Print the results as JSON");
+  cmd->add_option("--logs", f->logs, "Keep the child processes' logs in this folder");
+  cmd->add_option("--startup-timeout", f->startup_timeout_s, "Seconds for the engines and the proxy to start")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  cmd->add_option("--request-timeout", f->request_timeout_s, "Seconds per request")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  cmd->callback([f] {
+    // Ctrl-C / SIGTERM: one thread waits for them, stops the children and exits.
+    signal(SIGPIPE, SIG_IGN);
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+    std::thread waiter([stop_signals] {
+      int sig = 0;
+      sigwait(&stop_signals, &sig);
+      if (g_finished.load()) return;
+      std::cerr << "\nsiesta demo: interrupted, stopping P, D, the proxy and the reference\n";
+      stop_all_children();
+      std::_Exit(130);
+    });
+    auto r = run_demo(*f);
+    g_finished.store(true);
+    pthread_kill(waiter.native_handle(), SIGTERM);
+    waiter.join();
+    if (!r) {
+      std::cerr << "siesta demo: " << r.error().message << "\n";
+      throw CLI::RuntimeError(kExitFailure);
+    }
+    if (!*r) throw CLI::RuntimeError(kExitFailure);
+  });
+}
+
+}  // namespace siesta::cli
