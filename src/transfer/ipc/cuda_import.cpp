@@ -1,10 +1,12 @@
 #include "transfer/ipc/cuda_import.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #ifdef SIESTA_HAVE_CUDA
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -14,15 +16,19 @@ namespace siesta::transfer::ipc {
 
 namespace {
 
-#define SIESTA_TRANSFER_CU_CALLS(X)                                                                           \
-  X(cuGetErrorName) X(cuGetErrorString) X(cuMemImportFromShareableHandle) X(cuMemGetAllocationGranularity)   \
-  X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemRelease)     \
-  X(cuMemCreate) X(cuMemExportToShareableHandle)
+// X(name, version): each member has the driver's typedef for one ABI version
+// and is looked up at exactly that version (a lookup at CUDA_VERSION would
+// return the newest ABI of a name, whose signature may differ).
+#define SIESTA_TRANSFER_CU_CALLS(X)                                                                        \
+  X(cuGetErrorName, 6000) X(cuGetErrorString, 6000) X(cuMemImportFromShareableHandle, 10020)              \
+  X(cuMemGetAllocationGranularity, 10020) X(cuMemAddressReserve, 10020) X(cuMemAddressFree, 10020)        \
+  X(cuMemMap, 10020) X(cuMemUnmap, 10020) X(cuMemSetAccess, 10020) X(cuMemRelease, 10020)                 \
+  X(cuMemCreate, 10020) X(cuMemExportToShareableHandle, 10020) X(cuMemGetAllocationPropertiesFromHandle, 10020)
 
 // Driver functions looked up once through the runtime. The table is immutable
 // after the lookup: it is a cache of addresses, not shared state.
 struct DriverCalls {
-#define SIESTA_DECLARE_(name) decltype(&::name) name = nullptr;
+#define SIESTA_DECLARE_(name, version) PFN_##name##_v##version name = nullptr;
   SIESTA_TRANSFER_CU_CALLS(SIESTA_DECLARE_)
 #undef SIESTA_DECLARE_
   Status missing;  // set when the lookup failed
@@ -44,11 +50,11 @@ const DriverCalls& driver() {
                                           cudaGetErrorString(e)));
       return c;
     }
-#define SIESTA_LOOKUP_(name)                                                                              \
-  {                                                                                                       \
-    void* p = nullptr;                                                                                    \
-    cudaDriverEntryPointQueryResult q{};                                                                  \
-    if (cudaGetDriverEntryPointByVersion(#name, &p, CUDA_VERSION, cudaEnableDefault, &q) != cudaSuccess || \
+#define SIESTA_LOOKUP_(name, version)                                                                \
+  {                                                                                                   \
+    void* p = nullptr;                                                                                \
+    cudaDriverEntryPointQueryResult q{};                                                              \
+    if (cudaGetDriverEntryPointByVersion(#name, &p, version, cudaEnableDefault, &q) != cudaSuccess || \
         p == nullptr) {                                                                                   \
       c.missing = unavailable("the CUDA driver lacks " #name "; update the NVIDIA driver");               \
       return c;                                                                                           \
@@ -93,9 +99,10 @@ size_t granularity(const DriverCalls& d, int device) {
   return g;
 }
 
-// Reserves, maps and grants `device` access to `handle`; cleans up on failure.
+// Reserves, maps and grants the `devices` read/write access to `handle`;
+// cleans up on failure.
 Result<uint64_t> map_handle(const DriverCalls& d, CUmemGenericAllocationHandle handle, size_t size, size_t align,
-                            int device) {
+                            const std::vector<int>& devices) {
   CUdeviceptr ptr = 0;
   CUresult r = d.cuMemAddressReserve(&ptr, size, align, 0, 0);
   if (r != CUDA_SUCCESS) return cu_error(d, "cuMemAddressReserve", r);
@@ -104,15 +111,17 @@ Result<uint64_t> map_handle(const DriverCalls& d, CUmemGenericAllocationHandle h
     d.cuMemAddressFree(ptr, size);
     return cu_error(d, "cuMemMap", r);
   }
-  CUmemAccessDesc access{};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = device;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  r = d.cuMemSetAccess(ptr, size, &access, 1);
+  std::vector<CUmemAccessDesc> access(devices.size());
+  for (size_t i = 0; i < devices.size(); ++i) {
+    access[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access[i].location.id = devices[i];
+    access[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  r = d.cuMemSetAccess(ptr, size, access.data(), access.size());
   if (r != CUDA_SUCCESS) {
     d.cuMemUnmap(ptr, size);
     d.cuMemAddressFree(ptr, size);
-    return cu_error(d, fmt::format("cuMemSetAccess for device {}", device), r);
+    return cu_error(d, fmt::format("cuMemSetAccess for device(s) {}", fmt::join(devices, ", ")), r);
   }
   return static_cast<uint64_t>(ptr);
 }
@@ -144,14 +153,36 @@ Result<CudaImport> cuda_import(int fd, size_t bytes, int device) {
   if (r != CUDA_SUCCESS)
     return cu_error(*d, "cuMemImportFromShareableHandle (was the peer's memory created with the POSIX FD handle type?)",
                     r);
-  size_t g = granularity(*d, device);
+  // Where the memory lives: on this device, or on another GPU of this host
+  // (P on one GPU, D on another). The owner's ordinal is in this process's
+  // numbering, so both processes must see both GPUs (CUDA_VISIBLE_DEVICES).
+  CUmemAllocationProp prop{};
+  int owner = device;
+  if (d->cuMemGetAllocationPropertiesFromHandle(&prop, handle) == CUDA_SUCCESS &&
+      prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+    owner = prop.location.id;
+  }
+  // Another GPU: map it for this device when it can reach the owner's memory
+  // directly (NVLink / PCIe peer access), else for the owner only, and the
+  // copies (cudaMemcpyAsync, cudaMemcpyDefault) go through the runtime's
+  // staging between the two devices.
+  std::vector<int> access = {device};
+  bool direct = true;
+  if (owner != device) {
+    int can = 0;
+    if (cudaDeviceCanAccessPeer(&can, device, owner) != cudaSuccess) can = 0;
+    direct = can != 0;
+    access = direct ? std::vector<int>{device, owner} : std::vector<int>{owner};
+  }
+  size_t g = granularity(*d, owner);
   size_t size = (bytes + g - 1) / g * g;
-  auto address = map_handle(*d, handle, size, g, device);
+  auto address = map_handle(*d, handle, size, g, access);
   if (!address) {
     d->cuMemRelease(handle);
-    return address.error().with_context("mapping the peer's CUDA allocation");
+    return address.error().with_context(fmt::format("mapping the peer's CUDA allocation (on device {}, for device {})",
+                                                    owner, device));
   }
-  return CudaImport{*address, size, handle};
+  return CudaImport{*address, size, handle, owner, direct};
 }
 
 void cuda_release(CudaImport& import) {
@@ -195,7 +226,7 @@ Result<CudaExportable> cuda_alloc_exportable(size_t bytes, int device) {
     d->cuMemRelease(handle);
     return cu_error(*d, "cuMemExportToShareableHandle (POSIX FD)", r);
   }
-  auto address = map_handle(*d, handle, size, g, device);
+  auto address = map_handle(*d, handle, size, g, {device});
   if (!address) {
     close(fd);
     d->cuMemRelease(handle);

@@ -17,17 +17,22 @@
 
 namespace siesta::transfer::ipc {
 
-// A peer's allocation mapped here with read/write access for one device.
+// A peer's allocation mapped here. On this process's device: read/write for
+// it. On another GPU of the host: read/write for this device too when it has
+// peer access to the owner (`direct`), else for the owner only, and copies
+// are staged by the CUDA runtime.
 struct CudaImport {
   uint64_t address = 0;  // CUdeviceptr of the mapping
   size_t size = 0;       // mapped bytes (the whole allocation, rounded to the granularity)
   uint64_t handle = 0;   // CUmemGenericAllocationHandle
+  int owner_device = -1;  // where the memory lives (this process's ordinal)
+  bool direct = true;     // this device reads and writes it without staging
 };
 
 bool cuda_compiled();
 
 // Imports the allocation behind `fd` (cuMemImportFromShareableHandle), reserves
-// address space, maps `bytes` of it and grants `device` read/write access.
+// address space, maps `bytes` of it and grants access as CudaImport says.
 // The caller keeps (and closes) fd.
 Result<CudaImport> cuda_import(int fd, size_t bytes, int device);
 // Unmaps and releases; safe on an empty import.
