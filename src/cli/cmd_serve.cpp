@@ -3,6 +3,11 @@
 //              [--max-num-batched-tokens N] [--kv-cache-memory-bytes N | --num-kv-blocks N]
 //              [--no-enable-prefix-caching] [--threads N] [--seed S]
 //              [--enable-sleep-mode] [--max-held-requests N]
+//              [--kv-transfer-config JSON]
+//
+// --kv-transfer-config (vLLM's shape, src/pd/pd_config.h) makes the engine a
+// P/D prefill (kv_producer), decode (kv_consumer) or both (kv_both) instance
+// behind `siesta proxy`; it is checked before the model loads.
 //
 // Loads the model into an Engine and answers the OpenAI-compatible HTTP API
 // (src/server) until SIGINT or SIGTERM. Prints one line on stderr once it
@@ -17,6 +22,8 @@
 
 #include "cli/commands.h"
 #include "engine/engine.h"
+#include "pd/pd_config.h"
+#include "pd/siesta_connector.h"
 #include "server/api_server.h"
 
 namespace siesta::cli {
@@ -30,6 +37,7 @@ struct ServeFlags {
   int64_t num_kv_blocks = 0;
   int64_t seed = -1;
   bool no_prefix_caching = false;
+  std::string kv_transfer_config;
 };
 
 // "4294967296", "4G", "512M", "1.5GiB": K/M/G/T are powers of 1024 (with or without "iB"/"B").
@@ -76,7 +84,17 @@ Result<void> run_serve(ServeFlags& f) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::create(f.engine));
+  // P/D: the connector's transfer engine listens before the model loads, so
+  // a bad --kv-transfer-config fails fast.
+  std::unique_ptr<KvConnector> connector;
+  if (!f.kv_transfer_config.empty()) {
+    SIESTA_ASSIGN_OR_RETURN(pd::PdConfig pd_config, pd::parse_kv_transfer_config(f.kv_transfer_config));
+    SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<pd::SiestaConnector> c,
+                            pd::SiestaConnector::create(pd_config, f.engine.enable_sleep_mode));
+    f.server.kv_transfer_info = c->info();
+    connector = std::move(c);
+  }
+  SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::create(f.engine, std::move(connector)));
   server::ApiServer api(*engine, f.server);
   SIESTA_ASSIGN_OR_RETURN(int port, api.bind());
   std::cerr << "siesta serve: listening on http://" << f.server.host << ":" << port << " (model "
@@ -123,6 +141,10 @@ void add_serve_command(CLI::App& app) {
                      ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
   bytes->excludes(blocks);
   cmd->add_flag("--no-enable-prefix-caching", f->no_prefix_caching, "Turn the prefix cache off");
+  cmd->add_option("--kv-transfer-config", f->kv_transfer_config,
+                  "P/D disaggregation, vLLM's JSON: {\"kv_connector\": \"SiestaConnector\", \"kv_role\": "
+                  "\"kv_producer|kv_consumer|kv_both\", \"kv_connector_extra_config\": {\"backend\": \"ucx|ipc\", "
+                  "\"mode\": \"write|read\", ...}}");
   cmd->add_flag("--enable-sleep-mode", f->engine.enable_sleep_mode,
                 "Admin API of sleep mode: /sleep, /wake_up, /release_kv_cache_memory, /reload_weights, ...");
   cmd->add_option("--max-held-requests", f->engine.max_held_requests,

@@ -169,6 +169,13 @@ std::vector<std::string> BlockPool::hold_owners() const {
   return out;
 }
 
+int BlockPool::num_held_blocks_with_prefix(std::string_view prefix) const {
+  int n = 0;
+  for (const auto& [owner, blocks] : holds_)
+    if (std::string_view(owner).substr(0, prefix.size()) == prefix) n += static_cast<int>(blocks.size());
+  return n;
+}
+
 BlockPoolStats BlockPool::stats() const {
   BlockPoolStats s;
   s.num_blocks = num_blocks();

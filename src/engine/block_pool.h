@@ -31,6 +31,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -93,6 +94,8 @@ class BlockPool {
   Result<void> release_hold(const std::string& owner);
   const std::vector<BlockId>* held_by(const std::string& owner) const;
   std::vector<std::string> hold_owners() const;
+  // Block references taken by holds whose owner starts with `prefix`.
+  int num_held_blocks_with_prefix(std::string_view prefix) const;
 
   BlockPoolStats stats() const;
 

@@ -102,6 +102,11 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options, std
   SIESTA_LOG_INFO("engine: memory pool on {}: weights {}, KV cache {}, scratch {}", memory->backend().description(),
                   memory::format_bytes((*model)->weights_bytes()), memory::format_bytes(kv.allocation().bytes),
                   memory::format_bytes((*model)->scratch_bytes()));
+  if (connector) {
+    // P/D: the connector registers the KV cache with its transfer engine.
+    if (auto ok = connector->on_kv_cache_mapped(kv.export_for_transfer()); !ok)
+      return ok.error().with_context("registering the KV cache for P/D transfers");
+  }
   CpuQwen3* cpu_model = model->get();
   WeightsLoader load_weights = [cpu_model](const std::filesystem::path& dir) { return cpu_model->reload_weights(dir); };
   return std::unique_ptr<Engine>(new Engine(options, limits, std::move(*tok), std::move(threads), std::move(memory),
@@ -144,6 +149,9 @@ Engine::~Engine() {
   }
   inbox_->cv.notify_all();
   if (loop_.joinable()) loop_.join();
+  // The connector's transfer engine holds a copy of the KV cache's export.
+  connector_.reset();
+  kv_.close_transfer_export();
 }
 
 // ---- any thread --------------------------------------------------------------
@@ -212,6 +220,12 @@ Result<OutputStream> Engine::submit(std::vector<EngineRequest> requests) {
 }
 
 void Engine::abort(const RequestId& id) { inbox_->abort({id}); }
+
+EngineMetricsSnapshot Engine::metrics() const {
+  EngineMetricsSnapshot s = metrics_.snapshot();
+  if (connector_) s.kv_transfer = connector_->metrics();
+  return s;
+}
 
 Result<void> Engine::run_on_loop(std::function<Result<void>()> fn, Deadline deadline) const {
   auto result = std::make_shared<CommandResult>();
@@ -493,6 +507,15 @@ Result<void> Engine::wake_on_loop(memory::TagSet tags, EngineCallReport& report)
     SIESTA_TRY(transition(EngineEvent::kWakePartial));
     return {};
   }
+  if (connector_ && woken->mapped_bytes[memory::tag_index(memory::Tag::kKvCache)] > 0) {
+    // The KV cache is back (new memory at the same address): peers see it
+    // under a new epoch. A failure leaves the engine serving without P/D
+    // transfers (loads recompute, no blocks are offered to readers).
+    if (auto ok = connector_->on_kv_cache_mapped(kv_.export_for_transfer()); !ok)
+      SIESTA_LOG_ERROR("engine: wake_up: the KV cache could not be registered for P/D transfers again ({}); this "
+                       "engine serves without them until the next sleep and wake",
+                       ok.error().message);
+  }
   bool weights_loaded = false;
   std::filesystem::path dir;
   {
@@ -602,6 +625,7 @@ Result<void> Engine::prepare_kv_release(Deadline deadline) {
     if (auto ok = connector_->release_transfer_kv(deadline); !ok)
       return ok.error().with_context("the KV cache stays resident: the P/D connector could not end its transfers");
     poll_connector();  // loads it ended recompute; holds it released go
+    kv_.close_transfer_export();  // deregistered: no one else holds a copy
   }
   const int32_t n = scheduler_->preempt_all();
   if (n > 0) SIESTA_LOG_INFO("engine: {} running requests recompute after wake", n);
@@ -684,6 +708,7 @@ void Engine::run_loop() {
     inbox_->live_ids.clear();
   }
   for (EngineSubmission& s : held) {
+    if (connector_) connector_->on_request_dropped(s.request);
     RequestDelta d;
     d.finish = RequestFinish{FinishReason::kAbort, {}, static_cast<int32_t>(s.request.prompt_tokens.size()), 0, 0,
                              unavailable("the engine shut down before the request started"), nullptr};
@@ -709,6 +734,7 @@ void Engine::admit(std::vector<EngineSubmission>& submissions) {
         std::lock_guard<std::mutex> lock(inbox_->mu);
         inbox_->live_ids.erase(id);
       }
+      if (connector_) connector_->on_request_aborted(id);
       RequestDelta d;
       d.finish = RequestFinish{FinishReason::kAbort, {}, static_cast<int32_t>(s.request.prompt_tokens.size()), 0, 0,
                                ok.error(), nullptr};
@@ -719,11 +745,13 @@ void Engine::admit(std::vector<EngineSubmission>& submissions) {
     outputs_.add(std::move(s.request), std::move(s.stream), s.index, s.arrival);
     if (plan.load_remote_kv) {
       auto target = scheduler_->await_remote_kv(id);
-      if (target)
+      if (target) {
         connector_->start_load(id, *target);
-      else
+      } else {
         SIESTA_LOG_WARN("engine: request {}: no remote KV load ({}); it computes its prompt here", id,
                         target.error().message);
+        connector_->on_load_skipped(id);
+      }
     }
   }
 }
@@ -751,6 +779,7 @@ void Engine::apply_aborts(const std::vector<RequestId>& ids) {
     }
   }
   for (EngineSubmission& s : held) {
+    if (connector_) connector_->on_request_dropped(s.request);
     RequestDelta d;
     d.finish = RequestFinish{FinishReason::kAbort, {}, static_cast<int32_t>(s.request.prompt_tokens.size()), 0, 0,
                              std::nullopt, nullptr};
@@ -771,9 +800,9 @@ void Engine::abort_all(const std::optional<Status>& error) {
 void Engine::poll_connector() {
   if (!connector_) return;
   ConnectorUpdates u = connector_->poll();
-  for (const auto& [id, loaded] : u.finished_loads)
-    if (auto ok = scheduler_->finish_remote_kv(id, loaded); !ok)
-      SIESTA_LOG_WARN("engine: remote KV for {}: {}", id, ok.error().message);
+  for (const FinishedLoad& f : u.finished_loads)
+    if (auto ok = scheduler_->finish_remote_kv(f.id, f.loaded, f.blocks_may_change); !ok)
+      SIESTA_LOG_WARN("engine: remote KV for {}: {}", f.id, ok.error().message);
   for (const std::string& owner : u.releasable_holds)
     if (auto ok = scheduler_->release_hold(owner); !ok)
       SIESTA_LOG_WARN("engine: releasing hold {}: {}", owner, ok.error().message);
@@ -802,6 +831,8 @@ void Engine::publish_metrics() {
   }
   metrics_.set_state(ss.num_running, ss.num_waiting + static_cast<int32_t>(held), ps.usage(), ps.num_blocks,
                      ps.prefix_cache_queries, ps.prefix_cache_hits, ss.num_preemptions);
+  metrics_.set_kv_blocks(ps.num_blocks - ps.num_free_blocks, pool_->num_held_blocks_with_prefix(send_hold_owner("")),
+                         pool_->num_held_blocks_with_prefix(load_hold_owner("")));
 }
 
 }  // namespace siesta

@@ -141,7 +141,8 @@ class Engine {
   // Pool bytes per tag and state, process RSS, and the pool's device.
   EngineMemoryReport memory_report(Deadline deadline) const;
 
-  EngineMetricsSnapshot metrics() const { return metrics_.snapshot(); }
+  // The engine's metrics, with the P/D connector's (kv_transfer) when it has one.
+  EngineMetricsSnapshot metrics() const;
   const Tokenizer& tokenizer() const { return tokenizer_; }
   const ModelConfig& model_config() const { return model_->config(); }
   const EngineLimits& limits() const { return limits_; }

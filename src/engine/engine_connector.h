@@ -1,7 +1,18 @@
 // KvConnector: what the engine asks of a P/D connector (src/pd implements it;
 // the engine never includes pd). Every call comes from the engine loop thread,
-// between steps; an implementation does its transfers elsewhere and reports
-// their ends through poll().
+// between steps, except metrics() (any thread); an implementation does its
+// transfers elsewhere and reports their ends through poll().
+//
+// The KV cache:
+//   on_kv_cache_mapped(region)    at Engine::create and after every wake that
+//                                 maps the KV cache again: register it with
+//                                 the transfer engine (a new epoch)
+//   release_transfer_kv(deadline) before the KV cache memory is released
+//                                 (sleep level >= 1, release_kv_cache_memory):
+//                                 end loads (they recompute) and sends, wait
+//                                 for transfers in flight, invalidate peers,
+//                                 deregister. A failure keeps the KV cache
+//                                 resident.
 //
 // Per request, in order:
 //   on_request_added(r)           before the request enters the scheduler:
@@ -9,6 +20,8 @@
 //                                 finishes (producer), and/or load its
 //                                 prompt's KV from a peer (consumer)
 //   start_load(id, target)        consumer: blocks allocated (Scheduler::await_remote_kv)
+//   on_load_skipped(id)           consumer: no blocks for the load; the
+//                                 request computes its prompt here
 //   poll()                        each loop iteration: loads that ended
 //                                 (Scheduler::finish_remote_kv) and holds
 //                                 whose readers are done (Scheduler::release_hold)
@@ -18,17 +31,19 @@
 //   on_request_aborted(id)        aborted in any state; a load in flight
 //                                 leaves its blocks under load_hold_owner(id)
 //                                 until poll() releases them
-// Before the KV cache memory is released (sleep, release_kv_cache_memory):
-//   release_transfer_kv(deadline) ends loads and sends (loads recompute)
+//   on_request_dropped(r)         aborted before it was admitted (held while
+//                                 paused or asleep): on_request_added never ran
 #pragma once
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "common/status.h"
+#include "engine/engine_kv_cache.h"
+#include "engine/engine_metrics.h"
 #include "engine/engine_request.h"
 #include "engine/engine_stream.h"
 #include "engine/request_output.h"
@@ -41,20 +56,36 @@ struct ConnectorPlan {
   bool load_remote_kv = false;                 // consumer
 };
 
+// A load that ended (Scheduler::finish_remote_kv).
+struct FinishedLoad {
+  RequestId id;
+  bool loaded = false;  // the prompt's KV is in the request's blocks
+  // Not loaded, and a peer may still write into the blocks (it did not
+  // answer whether it stopped): the scheduler keeps them under
+  // load_hold_owner(id) until a later poll() lists that hold as releasable,
+  // and the request recomputes in new blocks.
+  bool blocks_may_change = false;
+};
+
 struct ConnectorUpdates {
-  std::vector<std::pair<RequestId, bool>> finished_loads;  // (request, KV loaded)
-  std::vector<std::string> releasable_holds;               // send_hold_owner / load_hold_owner names
+  std::vector<FinishedLoad> finished_loads;
+  std::vector<std::string> releasable_holds;  // send_hold_owner / load_hold_owner names
 };
 
 class KvConnector {
  public:
   virtual ~KvConnector() = default;
+  virtual Result<void> on_kv_cache_mapped(const KvCacheRegion& /*region*/) { return {}; }
   virtual ConnectorPlan on_request_added(const EngineRequest& request) = 0;
   virtual void start_load(const RequestId& id, const RemoteKvTarget& target) = 0;
+  virtual void on_load_skipped(const RequestId& /*id*/) {}
   virtual ConnectorUpdates poll() = 0;
   virtual nlohmann::json on_request_finished(const EngineRequest& request, const RequestOutput& output) = 0;
   virtual void on_request_aborted(const RequestId& id) = 0;
+  virtual void on_request_dropped(const EngineRequest& /*request*/) {}
   virtual Result<void> release_transfer_kv(Deadline deadline) = 0;
+  // Thread-safe: the HTTP thread renders them.
+  virtual KvTransferMetrics metrics() const { return KvTransferMetrics(); }
 };
 
 }  // namespace siesta

@@ -20,6 +20,10 @@ std::vector<double> e2e_buckets() {
 
 }  // namespace
 
+std::vector<double> kv_transfer_buckets() {
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0};
+}
+
 Histogram::Histogram(std::vector<double> upper_bounds)
     : bounds(std::move(upper_bounds)), counts(bounds.size() + 1, 0) {}
 
@@ -73,6 +77,13 @@ void EngineMetrics::set_state(int32_t running, int32_t waiting, double kv_usage,
   s_.prefix_cache_queries = prefix_queries;
   s_.prefix_cache_hits = prefix_hits;
   s_.num_preemptions = preemptions;
+}
+
+void EngineMetrics::set_kv_blocks(int32_t in_use, int32_t held_for_remote, int32_t held_for_loads) {
+  std::lock_guard<std::mutex> lock(mu_);
+  s_.num_kv_blocks_in_use = in_use;
+  s_.num_kv_blocks_held_for_remote = held_for_remote;
+  s_.num_kv_blocks_held_for_loads = held_for_loads;
 }
 
 EngineMetricsSnapshot EngineMetrics::snapshot() const {

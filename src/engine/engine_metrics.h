@@ -30,12 +30,38 @@ struct Histogram {
   void observe(double value);
 };
 
+// Buckets for KV transfer and load times (seconds): 100 us to 10 s.
+std::vector<double> kv_transfer_buckets();
+
+// What a P/D connector counts (KvConnector::metrics). "Transfers" are the
+// ones this engine started (a producer's writes, a consumer's reads); "loads"
+// are a consumer's requests that asked for remote KV, whichever side moved it.
+struct KvTransferMetrics {
+  bool enabled = false;                 // a connector is configured
+  uint64_t transfers_done = 0;
+  uint64_t transfers_failed = 0;
+  uint64_t transfer_bytes = 0;          // of transfers done
+  Histogram transfer_seconds = Histogram(kv_transfer_buckets());  // submit to done
+  uint64_t loads_done = 0;              // KV arrived; the request computes its last prompt token only
+  uint64_t load_failures = 0;           // a load that ended without usable KV (failed, late, lease lost, ended by sleep)
+  uint64_t load_bytes = 0;              // bytes of KV loaded into this engine
+  Histogram load_seconds = Histogram(kv_transfer_buckets());      // start of the load to its KV in place
+  uint64_t recomputed_requests = 0;     // asked for remote KV, computed the prompt here instead
+  uint64_t sends_done = 0;              // holds whose reader got the KV
+  uint64_t sends_expired = 0;           // holds that ran out before a reader came
+  uint64_t sends_aborted = 0;           // holds ended by an abort on either side (or by sleep)
+  uint64_t sends_failed = 0;            // a write to the reader failed
+};
+
 struct EngineMetricsSnapshot {
   // gauges
   int32_t num_requests_running = 0;
   int32_t num_requests_waiting = 0;   // queued in the scheduler or held while paused
   double kv_cache_usage = 0.0;        // fraction of KV blocks in use, [0, 1]
   int32_t num_kv_blocks = 0;
+  int32_t num_kv_blocks_in_use = 0;           // referenced by a request or a hold
+  int32_t num_kv_blocks_held_for_remote = 0;  // held for remote readers (send holds)
+  int32_t num_kv_blocks_held_for_loads = 0;   // held while a peer may still write them (load holds)
   // counters
   uint64_t num_requests_submitted = 0;
   std::array<uint64_t, 3> num_requests_finished{};   // by FinishReason
@@ -48,6 +74,7 @@ struct EngineMetricsSnapshot {
   Histogram time_to_first_token;
   Histogram inter_token_latency;
   Histogram e2e_request_latency;
+  KvTransferMetrics kv_transfer;      // P/D connector (enabled false without one)
 
   uint64_t finished(FinishReason r) const { return num_requests_finished[static_cast<size_t>(r)]; }
 };
@@ -64,6 +91,7 @@ class EngineMetrics {
   // The loop's view after a step.
   void set_state(int32_t running, int32_t waiting, double kv_usage, int32_t num_kv_blocks, uint64_t prefix_queries,
                  uint64_t prefix_hits, uint64_t preemptions);
+  void set_kv_blocks(int32_t in_use, int32_t held_for_remote, int32_t held_for_loads);
 
   EngineMetricsSnapshot snapshot() const;
 

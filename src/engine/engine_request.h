@@ -37,6 +37,11 @@ struct EngineRequest {
   bool skip_special_tokens = true;     // special tokens give no text
   // P/D (vLLM's kv_transfer_params): read by the KvConnector; null when absent.
   nlohmann::json kv_transfer_params;
+  // P/D: how the other engine of a disaggregated pair names this request:
+  // the HTTP request's X-Request-Id (both legs carry the same; empty when
+  // none) and the choice's index within that HTTP request.
+  std::string x_request_id;
+  int32_t choice_index = 0;
 };
 
 enum class FinishReason : uint8_t { kStop, kLength, kAbort };

@@ -295,7 +295,7 @@ Result<RemoteKvTarget> Scheduler::await_remote_kv(const RequestId& id) {
   return RemoteKvTarget{req->block_table, prefix.num_tokens};
 }
 
-Result<void> Scheduler::finish_remote_kv(const RequestId& id, bool loaded) {
+Result<void> Scheduler::finish_remote_kv(const RequestId& id, bool loaded, bool hold_blocks) {
   Request* req = lookup(id);
   if (!req) return not_found("request '" + id + "' is not waiting (unknown or already finished)");
   if (req->state != RequestState::kWaitingForRemoteKv)
@@ -305,6 +305,10 @@ Result<void> Scheduler::finish_remote_kv(const RequestId& id, bool loaded) {
     req->num_computed_tokens = req->num_prompt_tokens - 1;
     allocator_.publish_computed_blocks(*req);
     return req->apply(RequestEvent::kRemoteKvLoaded);
+  }
+  if (hold_blocks && !req->block_table.empty()) {
+    if (auto held = pool_.hold(load_hold_owner(id), req->block_table); !held)
+      SIESTA_LOG_WARN("scheduler: request {}: {}", id, held.error().message);
   }
   allocator_.free(*req);
   req->num_computed_tokens = 0;

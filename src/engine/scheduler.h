@@ -118,8 +118,10 @@ class Scheduler {
   // kUnavailable when the pool lacks blocks now; kConflict in another state.
   Result<RemoteKvTarget> await_remote_kv(const RequestId& id);
   // The load ended. loaded: the prompt's KV is in the blocks; the request
-  // computes only its last prompt token. Otherwise it recomputes the prompt.
-  Result<void> finish_remote_kv(const RequestId& id, bool loaded);
+  // computes only its last prompt token. Otherwise it recomputes the prompt;
+  // with hold_blocks its blocks stay held under load_hold_owner(id) (a peer
+  // may still write into them) until release_hold, and it recomputes in others.
+  Result<void> finish_remote_kv(const RequestId& id, bool loaded, bool hold_blocks = false);
 
   const Request* find(const RequestId& id) const;
   bool has_unfinished() const { return !requests_.empty(); }

@@ -59,7 +59,10 @@ ApiServer::ApiServer(Engine& engine, ServerOptions options)
   s.set_tcp_nodelay(true);
 
   s.set_pre_routing_handler([&ctx](const httplib::Request& req, httplib::Response& res) {
-    if (ctx.options.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    // /kv_transfer_info is read by peer engines, which hold no API key; it
+    // tells what the side channel's port already tells anyone who connects.
+    if (ctx.options.api_key.empty() || req.path == "/health" || req.path == "/kv_transfer_info")
+      return httplib::Server::HandlerResponse::Unhandled;
     if (same_secret(req.get_header_value("Authorization"), "Bearer " + ctx.options.api_key))
       return httplib::Server::HandlerResponse::Unhandled;
     send_error(res, ApiError{401, "authentication_error", "invalid_api_key",
@@ -110,6 +113,14 @@ ApiServer::ApiServer(Engine& engine, ServerOptions options)
   s.Get("/metrics", [&ctx](const httplib::Request& req, httplib::Response& res) { handle_metrics(ctx, req, res); });
   s.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
   s.Get("/version", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, {{"version", "0.1.0"}}); });
+  s.Get("/kv_transfer_info", [&ctx](const httplib::Request&, httplib::Response& res) {
+    if (ctx.options.kv_transfer_info.is_null()) {
+      send_error(res, ApiError{404, "invalid_request_error", "not_found",
+                               "this server has no KV transfer connector (start it with --kv-transfer-config)", {}});
+      return;
+    }
+    send_json(res, 200, ctx.options.kv_transfer_info);
+  });
   add_admin_routes(s, ctx);  // sleep mode (admin_handlers.h)
 }
 

@@ -9,8 +9,10 @@
 //
 // Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
 // GET /health, POST /tokenize, POST /detokenize, GET /metrics, GET /version,
-// and the sleep-mode admin routes (admin_handlers.h).
-// With options.api_key, every route but /health needs
+// GET /kv_transfer_info (P/D: where this engine's transfer side channel
+// listens, so that a decode engine in WRITE mode finds a prefill engine from
+// its URL), and the sleep-mode admin routes (admin_handlers.h).
+// With options.api_key, every route but /health and /kv_transfer_info needs
 // `Authorization: Bearer KEY` (401 otherwise). Errors are OpenAI error JSON
 // (api_error.h): malformed JSON, wrong types and out-of-range values 400, an
 // unknown model 404 (model_not_found), an unknown path 404, a body over
@@ -19,6 +21,8 @@
 //
 // Thread safety: bind and serve from one thread; stop from any thread.
 #pragma once
+
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstddef>
@@ -39,6 +43,9 @@ struct ServerOptions {
   size_t http_threads = 0;                  // 0: max_num_seqs + 64 (a request holds a thread while it runs)
   // How often a handler that waits for the engine looks at its client.
   std::chrono::milliseconds client_poll_interval{50};
+  // P/D: what GET /kv_transfer_info answers (the connector's engine id and
+  // side channel, SiestaConnector::info()); null without --kv-transfer-config (404).
+  nlohmann::json kv_transfer_info;
 };
 
 struct ServerContext;

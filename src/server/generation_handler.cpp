@@ -109,6 +109,13 @@ void handle_generation(ServerContext& ctx, ApiKind kind, const httplib::Request&
   }
   const std::string id = random_id(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-");
   assign_request_ids(*job, id);
+  // P/D: both legs of a disaggregated request carry the proxy's X-Request-Id;
+  // the engines name the request's KV by it and the choice index.
+  const std::string x_request_id = req.get_header_value("X-Request-Id");
+  for (size_t i = 0; i < job->requests.size(); ++i) {
+    job->requests[i].x_request_id = x_request_id;
+    job->requests[i].choice_index = static_cast<int32_t>(i);
+  }
   Result<OutputStream> stream = ctx.engine.submit(job->requests);
   if (!stream) {
     send_error(res, ApiError::from_status(stream.error()));

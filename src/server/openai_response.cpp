@@ -198,10 +198,16 @@ nlohmann::json OpenAiResponse::response() const {
       choice["prompt_token_ids"] = c.prompt_tokens;
       choice["token_ids"] = c.token_ids;
     }
-    if (c.finish && !c.finish->kv_transfer_params.is_null()) choice["kv_transfer_params"] = c.finish->kv_transfer_params;
     choices.push_back(std::move(choice));
   }
   r["choices"] = std::move(choices);
+  // P/D: vLLM puts kv_transfer_params at the top of the response (one per
+  // response: the first choice's).
+  for (const Choice& c : choices_) {
+    if (!c.finish || c.finish->kv_transfer_params.is_null()) continue;
+    r["kv_transfer_params"] = c.finish->kv_transfer_params;
+    break;
+  }
   r["usage"] = usage();
   if (job_.kind == ApiKind::kChat && job_.return_token_ids && !choices_.empty())
     r["prompt_token_ids"] = choices_[0].prompt_tokens;

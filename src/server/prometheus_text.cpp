@@ -28,6 +28,16 @@ struct Families {
   void counter(const std::string& name, const std::string& help, double v) {
     add(name, help, MetricType::Counter).counter.value = v;
   }
+  void labelled_counter(const std::string& name, const std::string& help, const std::string& label,
+                        const std::vector<std::pair<std::string, uint64_t>>& values) {
+    all.push_back(MetricFamily{name, help, MetricType::Counter, {}});
+    for (const auto& [value, count] : values) {
+      ClientMetric m;
+      m.label = {{label, value}, {"model_name", model}};
+      m.counter.value = static_cast<double>(count);
+      all.back().metric.push_back(std::move(m));
+    }
+  }
   void histogram(const std::string& name, const std::string& help, const Histogram& h) {
     ClientMetric& m = add(name, help, MetricType::Histogram);
     m.histogram.sample_count = h.count;
@@ -76,6 +86,35 @@ std::string render_prometheus(const EngineMetricsSnapshot& s, const std::string&
               s.inter_token_latency);
   f.histogram("siesta:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
               s.e2e_request_latency);
+  f.gauge("siesta:kv_blocks_in_use", "KV-cache blocks referenced by a request or a hold.", s.num_kv_blocks_in_use);
+  const KvTransferMetrics& kv = s.kv_transfer;
+  if (kv.enabled) {
+    f.gauge("siesta:kv_blocks_held_for_remote", "KV-cache blocks a prefill engine holds for remote readers.",
+            s.num_kv_blocks_held_for_remote);
+    f.gauge("siesta:kv_blocks_held_for_loads",
+            "KV-cache blocks a decode engine keeps while a peer may still write them.",
+            s.num_kv_blocks_held_for_loads);
+    f.labelled_counter("siesta:kv_transfers_total", "KV transfers this engine started, by outcome.", "outcome",
+                       {{"done", kv.transfers_done}, {"failed", kv.transfers_failed}});
+    f.counter("siesta:kv_transfer_bytes_total", "Bytes of KV moved by transfers this engine started.",
+              static_cast<double>(kv.transfer_bytes));
+    f.histogram("siesta:kv_transfer_seconds", "Histogram of KV transfer time (submit to done) in seconds.",
+                kv.transfer_seconds);
+    f.labelled_counter("siesta:kv_loads_total", "Requests that asked for remote KV, by outcome.", "outcome",
+                       {{"loaded", kv.loads_done}, {"failed", kv.load_failures}});
+    f.counter("siesta:kv_load_bytes_total", "Bytes of KV loaded into this engine from prefill engines.",
+              static_cast<double>(kv.load_bytes));
+    f.histogram("siesta:kv_load_seconds", "Histogram of the time from a load's start to its KV in place, in seconds.",
+                kv.load_seconds);
+    f.counter("siesta:kv_recomputed_requests_total",
+              "Requests that asked for remote KV and computed their prompt here instead.",
+              static_cast<double>(kv.recomputed_requests));
+    f.labelled_counter("siesta:kv_sends_total", "Prefill holds for remote readers that ended, by outcome.", "outcome",
+                       {{"sent", kv.sends_done},
+                        {"expired", kv.sends_expired},
+                        {"aborted", kv.sends_aborted},
+                        {"failed", kv.sends_failed}});
+  }
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, f.all);
   return out.str();

@@ -6,7 +6,13 @@
 //   siesta:time_to_first_token_seconds, siesta:inter_token_latency_seconds,
 //   siesta:e2e_request_latency_seconds (histograms)
 //   siesta:prefix_cache_queries_total, siesta:prefix_cache_hits_total (tokens)
-//   siesta:num_preemptions_total
+//   siesta:num_preemptions_total, siesta:kv_blocks_in_use
+//   P/D (with a connector): siesta:kv_blocks_held_for_remote,
+//   siesta:kv_blocks_held_for_loads, siesta:kv_transfers_total{outcome},
+//   siesta:kv_transfer_bytes_total, siesta:kv_transfer_seconds,
+//   siesta:kv_loads_total{outcome}, siesta:kv_load_bytes_total,
+//   siesta:kv_load_seconds, siesta:kv_recomputed_requests_total,
+//   siesta:kv_sends_total{outcome}
 // Built from one EngineMetricsSnapshot with prometheus-cpp's serializer.
 // A pure function.
 #pragma once

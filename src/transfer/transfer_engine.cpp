@@ -501,6 +501,12 @@ XferStatus TransferEngine::wait(XferId id, Deadline deadline) {
   }
 }
 
+bool TransferEngine::in_flight(XferId id) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->xfers.find(id);
+  return it != impl_->xfers.end() && !it->second.backend_done;
+}
+
 // ---------------------------------------------------------------------------
 // notifications and messages
 

@@ -106,6 +106,11 @@ class TransferEngine {
   XferStatus poll(XferId id);
   // poll() until final or `deadline` (then kPending is returned and the id kept).
   XferStatus wait(XferId id, Deadline deadline);
+  // Whether the backend may still be moving bytes of transfer `id`: true
+  // while it is pending, and after poll() reported it failed at its deadline
+  // until its copy or put really ends. Memory a transfer touches may be
+  // reused only once this is false. false for ids it no longer knows.
+  bool in_flight(XferId id) const;
 
   // Notifications peers sent us after their transfers' data arrived.
   std::vector<Notification> take_notifications();

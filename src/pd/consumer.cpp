@@ -1,0 +1,542 @@
+#include "pd/consumer.h"
+
+#include <fmt/format.h>
+
+#include <thread>
+
+#include "common/log.h"
+#include "pd/kv_blocks.h"
+
+namespace siesta::pd {
+namespace {
+
+using nlohmann::json;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+bool flag(const json& params, const char* key) {
+  if (!params.is_object()) return false;
+  auto it = params.find(key);
+  return it != params.end() && it->is_boolean() && it->get<bool>();
+}
+
+const json* field(const json& params, const char* key) {
+  auto it = params.find(key);
+  return it == params.end() || it->is_null() ? nullptr : &*it;
+}
+
+bool non_empty_string(const json* v) { return v && v->is_string() && !v->get<std::string>().empty(); }
+
+int64_t unix_ms_after(Deadline deadline) {
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  return now_ms + transfer::millis_left(deadline);
+}
+
+}  // namespace
+
+size_t Consumer::num_loads() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return loads_.size();
+}
+
+Result<Consumer::Source> Consumer::parse_source(const json& params, TransferMode preferred) {
+  const json* engine = field(params, "remote_engine_id");
+  const json* blocks = field(params, "remote_block_ids");
+  const json* host = field(params, "remote_host");
+  const json* port = field(params, "remote_port");
+  const json* request = field(params, "remote_request_id");
+  const json* url = field(params, "remote_prefill_url");
+  const bool can_read = non_empty_string(engine) && blocks && blocks->is_array() && non_empty_string(host) && port &&
+                        port->is_number_integer() && non_empty_string(request);
+  const bool can_write = non_empty_string(request) && non_empty_string(url);
+  Source s;
+  if (can_read && (preferred == TransferMode::kRead || !can_write)) {
+    s.mode = TransferMode::kRead;
+    s.producer_engine = engine->get<std::string>();
+    std::string h = host->get<std::string>();
+    if (h.find(':') != std::string::npos && h.front() != '[') h = "[" + h + "]";
+    const int64_t p = port->get<int64_t>();
+    if (p <= 0 || p > 65535) return invalid_argument("kv_transfer_params.remote_port " + port->dump() + " is not a port");
+    s.producer_address = h + ":" + std::to_string(p);
+    s.producer_request = request->get<std::string>();
+    for (const json& b : *blocks) {
+      if (!b.is_number_integer() || b.get<int64_t>() < 0 || b.get<int64_t>() > INT32_MAX)
+        return invalid_argument("kv_transfer_params.remote_block_ids holds " + b.dump() + ", not a block id");
+      s.producer_blocks.push_back(b.get<int32_t>());
+    }
+    return s;
+  }
+  if (can_write) {
+    s.mode = TransferMode::kWrite;
+    s.prefill_url = url->get<std::string>();
+    s.x_request_id = request->get<std::string>();
+    return s;
+  }
+  return invalid_argument(
+      "kv_transfer_params with do_remote_prefill name no producer: READ needs remote_engine_id, remote_block_ids, "
+      "remote_host, remote_port and remote_request_id; WRITE needs remote_request_id and remote_prefill_url");
+}
+
+void Consumer::transition(Load& l, LoadEvent event, const std::string& detail) {
+  auto next = next_load_state(l.state, event);
+  if (!next) {
+    SIESTA_LOG_DEBUG("pd: load {}: {}", l.id, next.error().message);
+    return;
+  }
+  SIESTA_LOG_DEBUG("pd: load {} {} -> {} ({}){}{}", l.id, load_state_name(l.state), load_state_name(*next),
+                   load_event_name(event), detail.empty() ? "" : ": ", detail);
+  l.state = *next;
+}
+
+void Consumer::fail(Load& l, const std::string& why) {
+  if (load_ended(l.state)) return;
+  transition(l, LoadEvent::kFailed, why);
+  l.failure = why;
+  if (!l.aborted) {
+    ctx_.metrics.load_failed();
+    SIESTA_LOG_WARN("pd: request {}: no remote KV ({}); it computes its prompt here", l.id, why);
+  }
+  if (!l.producer_told) {
+    l.producer_told = true;
+    post_release(l.id, l.source, l.prompt);
+  }
+  ctx_.kick();
+}
+
+bool Consumer::quiet(const Load& l, Clock::time_point now) const {
+  if (l.read_starting) return false;
+  if (l.read && ctx_.transfers.in_flight(*l.read)) return false;
+  if (l.producer_may_write && now < l.quiet_at) return false;
+  return true;
+}
+
+// ---- engine loop ------------------------------------------------------------------
+
+ConnectorPlan Consumer::on_added(const EngineRequest& r) {
+  if (!flag(r.kv_transfer_params, "do_remote_prefill")) return {};
+  const LocalKv kv = ctx_.kv.get();
+  if (!kv.registered) {
+    SIESTA_LOG_WARN("pd: request {} asks for remote KV, but the KV cache is not registered for transfers; it "
+                    "computes its prompt here",
+                    r.id);
+    ctx_.metrics.recomputed();
+    return {};
+  }
+  auto source = parse_source(r.kv_transfer_params, ctx_.config.mode);
+  if (!source) {
+    SIESTA_LOG_WARN("pd: request {}: {}; it computes its prompt here", r.id, source.error().message);
+    ctx_.metrics.recomputed();
+    return {};
+  }
+  if (source->mode == TransferMode::kWrite) source->choice = r.choice_index;
+  Load l;
+  l.id = r.id;
+  l.source = std::move(*source);
+  l.prompt = PromptCheck{static_cast<int32_t>(r.prompt_tokens.size()), prompt_hash(r.prompt_tokens), kv.layout,
+                         kv.block_bytes};
+  std::lock_guard<std::mutex> lock(mu_);
+  loads_[l.id] = std::move(l);
+  return ConnectorPlan{.hold_blocks_for_remote_reader = false, .load_remote_kv = true};
+}
+
+void Consumer::start_load(const RequestId& id, const RemoteKvTarget& target) {
+  const LocalKv kv = ctx_.kv.get();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = loads_.find(id);
+  if (it == loads_.end()) return;
+  Load& l = it->second;
+  l.blocks = target.block_table;
+  l.first_block = kv.block_size > 0 ? target.num_cached_tokens / kv.block_size : 0;
+  l.started = Clock::now();
+  l.deadline = l.started + ctx_.config.load_timeout;
+  transition(l, LoadEvent::kAllocated);
+  const auto total = static_cast<size_t>(kv.blocks_for(l.prompt.num_tokens));
+  if (!kv.registered || l.blocks.size() != total) {
+    fail(l, fmt::format("{} blocks for a prompt of {} tokens", l.blocks.size(), l.prompt.num_tokens));
+    return;
+  }
+  if (l.source.mode == TransferMode::kRead && l.source.producer_blocks.size() != total) {
+    fail(l, fmt::format("the producer names {} blocks for a prompt of {} tokens here (another model or block size?)",
+                        l.source.producer_blocks.size(), l.prompt.num_tokens));
+    return;
+  }
+  if (static_cast<size_t>(l.first_block) >= l.blocks.size()) {
+    // The prefix cache holds the whole prompt: nothing to move.
+    transition(l, LoadEvent::kKvInPlace, "every block in the prefix cache");
+    ctx_.metrics.load_done(0, seconds_since(l.started));
+    l.producer_told = true;
+    post_release(l.id, l.source, l.prompt);
+    return;
+  }
+  if (l.source.mode == TransferMode::kWrite)
+    ctx_.tasks.post([this, id] { run_write_start(id); });
+  else
+    ctx_.tasks.post([this, id] { run_read_start(id); });
+  ctx_.kick();
+}
+
+void Consumer::on_skipped(const RequestId& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = loads_.find(id);
+  if (it == loads_.end()) return;
+  ctx_.metrics.recomputed();
+  post_release(id, it->second.source, it->second.prompt);
+  loads_.erase(it);
+}
+
+void Consumer::on_aborted(const RequestId& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = loads_.find(id);
+  if (it == loads_.end()) return;
+  Load& l = it->second;
+  if (l.state == LoadState::kPending) {
+    // No blocks yet, so no hold.
+    post_release(id, l.source, l.prompt);
+    loads_.erase(it);
+    return;
+  }
+  if (l.reported) {
+    // Its load ended before: the request no longer waited for it, and the
+    // scheduler made no hold (unless a failed load left one: still tracked).
+    if (!l.hold_pending) loads_.erase(it);
+    return;
+  }
+  // Waiting for remote KV: the scheduler holds the blocks (load_hold_owner).
+  l.aborted = true;
+  l.hold_pending = true;
+  fail(l, "the request was aborted");
+}
+
+void Consumer::on_dropped(const EngineRequest& r) {
+  if (!flag(r.kv_transfer_params, "do_remote_prefill")) return;
+  auto source = parse_source(r.kv_transfer_params, ctx_.config.mode);
+  if (!source) return;
+  if (source->mode == TransferMode::kWrite) source->choice = r.choice_index;
+  std::lock_guard<std::mutex> lock(mu_);
+  post_release(r.id, *source, PromptCheck{});
+}
+
+void Consumer::collect(ConnectorUpdates& updates) {
+  const Clock::time_point now = Clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = loads_.begin(); it != loads_.end();) {
+    Load& l = it->second;
+    if (load_ended(l.state) && !l.reported && !l.aborted) {
+      const bool may_change = l.state == LoadState::kFailed && !quiet(l, now);
+      updates.finished_loads.push_back(FinishedLoad{l.id, l.state == LoadState::kLoaded, may_change});
+      l.reported = true;
+      l.hold_pending = may_change;
+    }
+    if (l.hold_pending && quiet(l, now)) {
+      updates.releasable_holds.push_back(load_hold_owner(l.id));
+      l.hold_pending = false;
+    }
+    if ((l.reported || l.aborted) && !l.hold_pending && !l.read_starting)
+      it = loads_.erase(it);
+    else
+      ++it;
+  }
+}
+
+// ---- the producer's messages ------------------------------------------------------------
+
+std::string Consumer::on_load_failed(const LoadFailed& m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = loads_.find(m.consumer_request);
+  if (it == loads_.end()) return encode_ok();
+  Load& l = it->second;
+  if (l.source.mode != TransferMode::kWrite) return encode_refusal("request " + l.id + " does not wait for a write");
+  l.producer_may_write = false;
+  l.producer_told = true;  // the producer ended its send
+  fail(l, "the producer will not write: " + m.reason);
+  ctx_.kick();
+  return encode_ok();
+}
+
+void Consumer::on_written(const Written& w, const std::string& from_engine) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = loads_.find(w.consumer_request);
+  if (it == loads_.end()) {
+    SIESTA_LOG_DEBUG("pd: a write for request {} landed after it was forgotten", w.consumer_request);
+    return;
+  }
+  Load& l = it->second;
+  if (l.source.mode != TransferMode::kWrite || l.source.producer_engine != from_engine) {
+    SIESTA_LOG_WARN("pd: engine {} notified a write for request {}, which waits for {}; ignored", from_engine, l.id,
+                    l.source.producer_engine.empty() ? std::string("no write") : l.source.producer_engine);
+    return;
+  }
+  l.producer_may_write = false;
+  if (l.state == LoadState::kStarting || l.state == LoadState::kAwaitingWrite) {
+    l.producer_told = true;  // the producer's send is done
+    l.bytes = w.bytes;
+    transition(l, LoadEvent::kKvInPlace, "written by the producer");
+    ctx_.metrics.load_done(w.bytes, seconds_since(l.started));
+  }
+  ctx_.kick();
+}
+
+// ---- load tasks ------------------------------------------------------------------------
+
+void Consumer::run_write_start(const RequestId& id) {
+  Source source;
+  Deadline deadline;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = loads_.find(id);
+    if (it == loads_.end() || it->second.state != LoadState::kStarting) return;
+    source = it->second.source;
+    deadline = it->second.deadline;
+  }
+  auto found = locator_.resolve(source.prefill_url, ctx_.message_deadline(deadline));
+  const LocalKv kv = ctx_.kv.get();
+  WriteRequest m;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = loads_.find(id);
+    if (it == loads_.end() || it->second.state != LoadState::kStarting) return;
+    Load& l = it->second;
+    if (!found) return fail(l, "finding the prefill instance's side channel: " + found.error().message);
+    if (!kv.registered) return fail(l, "the KV cache is not registered for transfers");
+    l.producer_address = found->address;
+    l.source.producer_engine = found->engine_id;
+    m.x_request_id = l.source.x_request_id;
+    m.choice = l.source.choice;
+    m.consumer_request = l.id;
+    m.consumer_engine = ctx_.transfers.engine_id();
+    m.consumer_address = ctx_.transfers.address();
+    m.region = kv.region.value;
+    m.epoch = kv.epoch;
+    m.first_block = l.first_block;
+    m.blocks.assign(l.blocks.begin() + l.first_block, l.blocks.end());
+    m.prompt = l.prompt;
+    m.deadline_unix_ms = unix_ms_after(l.deadline);
+    // From here the producer may write into these blocks until it says otherwise.
+    l.producer_may_write = true;
+    l.quiet_at = l.deadline + ctx_.config.write_grace;
+  }
+  auto reply = send_pd_message(ctx_.transfers, found->address, encode(m), ctx_.message_deadline(deadline));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = loads_.find(id);
+  if (it == loads_.end()) return;
+  Load& l = it->second;
+  if (!reply) {
+    locator_.forget(source.prefill_url);
+    return fail(l, "asking the producer at " + found->address + " to write: " + reply.error().message);
+  }
+  if (!reply->ok) {
+    l.producer_may_write = false;
+    l.producer_told = true;
+    return fail(l, "the producer refused the write: " + reply->reason);
+  }
+  if (l.state == LoadState::kStarting) transition(l, LoadEvent::kAccepted, "the producer writes after its prefill");
+}
+
+void Consumer::run_read_start(const RequestId& id) {
+  Source source;
+  PromptCheck prompt;
+  Deadline deadline;
+  int32_t first_block = 0;
+  std::vector<BlockId> blocks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = loads_.find(id);
+    if (it == loads_.end() || it->second.state != LoadState::kStarting) return;
+    const Load& l = it->second;
+    source = l.source;
+    prompt = l.prompt;
+    deadline = l.deadline;
+    first_block = l.first_block;
+    blocks = l.blocks;
+  }
+  auto failed = [&](const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = loads_.find(id);
+    if (it != loads_.end()) fail(it->second, why);
+  };
+  const auto num_blocks = static_cast<int32_t>(blocks.size()) - first_block;
+  auto reply = send_pd_message(ctx_.transfers, source.producer_address,
+                               encode(ReadStart{source.producer_request, first_block, num_blocks, prompt}),
+                               ctx_.message_deadline(deadline));
+  if (!reply) return failed("asking the producer at " + source.producer_address + ": " + reply.error().message);
+  if (!reply->ok) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = loads_.find(id);
+      if (it != loads_.end()) it->second.producer_told = true;  // it holds nothing for us
+    }
+    return failed("the producer refused the read: " + reply->reason);
+  }
+  auto epoch = reply_u64(*reply, "epoch");
+  auto region_id = reply_u64(*reply, "region");
+  if (!epoch || !region_id) return failed("the producer's read_start answer: " + (epoch ? region_id.error() : epoch.error()).message);
+  auto meta = ensure_peer(ctx_.transfers, source.producer_engine, source.producer_address, *epoch,
+                          ctx_.message_deadline(deadline));
+  if (!meta) return failed(meta.error().message);
+  auto region = peer_kv_region(*meta, *region_id);
+  if (!region) return failed(region.error().message);
+  const LocalKv kv = ctx_.kv.get();
+  if (!kv.registered) return failed("the KV cache is not registered for transfers");
+  auto entries = block_entries(kv.region, std::span<const int32_t>(blocks).subspan(first_block), region->id,
+                               std::span<const int32_t>(source.producer_blocks).subspan(first_block), kv.block_bytes);
+  if (!entries) return failed(entries.error().message);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = loads_.find(id);
+    if (it == loads_.end() || it->second.state != LoadState::kStarting) return;
+    it->second.read_starting = true;
+  }
+  const Clock::time_point started = Clock::now();
+  auto xfer = ctx_.transfers.submit(source.producer_engine, transfer::XferOp::kRead, *entries, std::nullopt,
+                                    transfer::earlier(deadline, started + ctx_.config.transfer_timeout));
+  std::lock_guard<std::mutex> lock(mu_);
+  Load& l = loads_.at(id);  // kept while read_starting
+  l.read_starting = false;
+  if (!xfer) {
+    ctx_.metrics.transfer_failed();
+    return fail(l, "reading from the producer: " + xfer.error().message);
+  }
+  l.read = *xfer;
+  l.read_started = started;
+  l.bytes = static_cast<uint64_t>(num_blocks) * kv.block_bytes;
+  if (l.state == LoadState::kStarting) transition(l, LoadEvent::kReadStarted);
+  ctx_.kick();
+}
+
+void Consumer::run_read_confirm(const RequestId& id) {
+  Source source;
+  Deadline deadline;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = loads_.find(id);
+    if (it == loads_.end() || it->second.state != LoadState::kConfirming) return;
+    source = it->second.source;
+    deadline = it->second.deadline;
+    it->second.producer_told = true;  // read_done frees the producer's blocks
+  }
+  auto reply = send_pd_message(ctx_.transfers, source.producer_address, encode(ReadDone{source.producer_request}),
+                               ctx_.message_deadline(deadline));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = loads_.find(id);
+  if (it == loads_.end() || it->second.state != LoadState::kConfirming) return;
+  Load& l = it->second;
+  if (!reply) return fail(l, "confirming the producer's hold: " + reply.error().message);
+  if (!reply->ok) return fail(l, "the producer did not confirm its hold: " + reply->reason);
+  auto held = reply_bool(*reply, "held");
+  if (!held) return fail(l, "the producer's read_done answer: " + held.error().message);
+  if (!*held) {
+    std::string why = "the producer's hold ended before the read did; the KV read is discarded";
+    if (auto r = reply->body.find("reason"); r != reply->body.end() && r->is_string())
+      why += " (" + r->get<std::string>() + ")";
+    return fail(l, why);
+  }
+  transition(l, LoadEvent::kKvInPlace, "the producer's hold lasted the whole read");
+  ctx_.metrics.load_done(l.bytes, seconds_since(l.started));
+  ctx_.kick();
+}
+
+void Consumer::post_release(const RequestId& id, const Source& source, const PromptCheck& /*prompt*/) {
+  PdContext* ctx = &ctx_;
+  ctx_.tasks.post([this, ctx, id, source] {
+    const Deadline deadline = Clock::now() + ctx->config.message_timeout;
+    if (source.mode == TransferMode::kRead) {
+      auto r = send_pd_message(ctx->transfers, source.producer_address, encode(ReadDone{source.producer_request}),
+                               deadline);
+      if (!r) SIESTA_LOG_DEBUG("pd: releasing {} at {}: {}", source.producer_request, source.producer_address,
+                               r.error().message);
+      return;
+    }
+    std::string address;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = loads_.find(id);
+      if (it != loads_.end()) address = it->second.producer_address;
+    }
+    if (address.empty()) {
+      auto found = locator_.resolve(source.prefill_url, deadline);
+      if (!found) {
+        SIESTA_LOG_DEBUG("pd: cancelling {} at {}: {}", source.x_request_id, source.prefill_url,
+                         found.error().message);
+        return;
+      }
+      address = found->address;
+    }
+    CancelRequest cancel;
+    cancel.x_request_id = source.x_request_id;
+    cancel.choice = source.choice;
+    auto r = send_pd_message(ctx->transfers, address, encode(cancel), deadline);
+    if (!r || !r->ok) {
+      SIESTA_LOG_DEBUG("pd: cancelling {} at {}: {}", source.x_request_id, address,
+                       r ? r->reason : r.error().message);
+      return;
+    }
+    auto writing = reply_bool(*r, "writing");
+    if (!writing || *writing) return;  // its notification or load_failed will say when it ends
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = loads_.find(id);
+    if (it != loads_.end()) it->second.producer_may_write = false;
+    ctx->kick();
+  });
+}
+
+// ---- ticker and sleep -------------------------------------------------------------------
+
+bool Consumer::tick(Clock::time_point now) {
+  bool busy = false;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, l] : loads_) {
+    if (l.read && !l.read_final) {
+      transfer::XferStatus st = ctx_.transfers.poll(*l.read);
+      if (st.pending()) {
+        busy = true;
+      } else {
+        l.read_final = true;
+        if (st.done()) {
+          ctx_.metrics.transfer_done(l.bytes, seconds_since(l.read_started));
+          if (l.state == LoadState::kReading) {
+            transition(l, LoadEvent::kReadDone);
+            const RequestId rid = id;
+            ctx_.tasks.post([this, rid] { run_read_confirm(rid); });
+          }
+        } else {
+          ctx_.metrics.transfer_failed();
+          fail(l, "reading from the producer: " + st.why.message);
+        }
+      }
+    }
+    if (!load_ended(l.state) && l.state != LoadState::kPending && now >= l.deadline)
+      fail(l, fmt::format("no KV within load_timeout_s ({} s) in state {}",
+                          std::chrono::duration<double>(ctx_.config.load_timeout).count(), load_state_name(l.state)));
+    if (l.read_starting) busy = true;
+  }
+  return busy;
+}
+
+Result<void> Consumer::end_all(Deadline deadline) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, l] : loads_)
+      if (l.state != LoadState::kPending) fail(l, "the KV cache is being released (sleep); the request recomputes");
+  }
+  for (;;) {
+    tick(Clock::now());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      size_t busy = 0;
+      for (auto& [id, l] : loads_) busy += l.read_starting || (l.read && ctx_.transfers.in_flight(*l.read));
+      if (busy == 0) return {};
+      if (Clock::now() >= deadline)
+        return timeout(fmt::format("{} reads from prefill engines were still in flight at the deadline", busy));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void Consumer::peers_invalidated() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, l] : loads_) l.producer_may_write = false;
+}
+
+}  // namespace siesta::pd

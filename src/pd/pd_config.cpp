@@ -1,0 +1,189 @@
+#include "pd/pd_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <set>
+#include <vector>
+
+namespace siesta::pd {
+namespace {
+
+using nlohmann::json;
+
+const char* const kPrefix = "--kv-transfer-config: ";
+
+Status bad(const std::string& what) { return invalid_argument(kPrefix + what); }
+
+std::string type_of(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::string: return "a string";
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    case json::value_t::binary: return "binary";
+    case json::value_t::discarded: return "invalid";
+    default: return "a number";
+  }
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+Result<void> refuse_unknown(const json& obj, const std::vector<std::string>& known, const std::string& where) {
+  const std::set<std::string> k(known.begin(), known.end());
+  for (const auto& [key, value] : obj.items())
+    if (!k.count(key)) return bad("unknown key '" + key + "' in " + where + " (known: " + join(known) + ")");
+  return {};
+}
+
+Result<std::string> string_field(const json& obj, const char* key, const std::string& where) {
+  const json& v = obj.at(key);
+  if (!v.is_string()) return bad(where + "." + key + " must be a string, got " + type_of(v));
+  return v.get<std::string>();
+}
+
+// Seconds (a number, fractions allowed) in (0, 1 day].
+Result<std::chrono::milliseconds> seconds_field(const json& obj, const char* key) {
+  const json& v = obj.at(key);
+  if (!v.is_number()) return bad(std::string("kv_connector_extra_config.") + key + " must be a number of seconds, got " +
+                                 type_of(v));
+  const double s = v.get<double>();
+  if (!(s > 0) || s > 86400.0 || !std::isfinite(s))
+    return bad(std::string("kv_connector_extra_config.") + key + " must be in (0, 86400] seconds, got " + v.dump());
+  const auto ms = std::chrono::milliseconds(static_cast<int64_t>(std::llround(s * 1000.0)));
+  if (ms.count() < 1)
+    return bad(std::string("kv_connector_extra_config.") + key + " must be at least 0.001 seconds, got " + v.dump());
+  return ms;
+}
+
+std::string seconds_text(std::chrono::milliseconds ms) {
+  std::string s = std::to_string(static_cast<double>(ms.count()) / 1000.0);
+  while (s.size() > 1 && s.back() == '0') s.pop_back();
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+const char* kv_role_name(KvRole role) {
+  switch (role) {
+    case KvRole::kProducer: return "kv_producer";
+    case KvRole::kConsumer: return "kv_consumer";
+    case KvRole::kBoth: return "kv_both";
+  }
+  return "?";
+}
+
+const char* transfer_mode_name(TransferMode m) { return m == TransferMode::kWrite ? "write" : "read"; }
+
+Result<PdConfig> parse_kv_transfer_config(std::string_view text) {
+  json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) return bad("not valid JSON: " + std::string(text.substr(0, 80)));
+  if (!root.is_object()) return bad("must be a JSON object, got " + type_of(root));
+  SIESTA_TRY(refuse_unknown(root, {"kv_connector", "kv_role", "engine_id", "kv_connector_extra_config"}, "the config"));
+
+  PdConfig c;
+  if (!root.contains("kv_connector")) return bad("kv_connector is required (\"SiestaConnector\")");
+  SIESTA_ASSIGN_OR_RETURN(std::string connector, string_field(root, "kv_connector", "config"));
+  if (connector != "SiestaConnector")
+    return bad("kv_connector '" + connector + "' is not known; this server implements \"SiestaConnector\"");
+  if (!root.contains("kv_role")) return bad("kv_role is required (kv_producer, kv_consumer or kv_both)");
+  SIESTA_ASSIGN_OR_RETURN(std::string role, string_field(root, "kv_role", "config"));
+  if (role == "kv_producer") c.role = KvRole::kProducer;
+  else if (role == "kv_consumer") c.role = KvRole::kConsumer;
+  else if (role == "kv_both") c.role = KvRole::kBoth;
+  else return bad("kv_role '" + role + "' is not one of kv_producer, kv_consumer, kv_both");
+  if (root.contains("engine_id")) {
+    SIESTA_ASSIGN_OR_RETURN(c.engine_id, string_field(root, "engine_id", "config"));
+    if (c.engine_id.empty()) return bad("engine_id must not be empty (leave it out for a random one)");
+  }
+
+  json extra = json::object();
+  if (root.contains("kv_connector_extra_config")) {
+    extra = root.at("kv_connector_extra_config");
+    if (!extra.is_object()) return bad("kv_connector_extra_config must be an object, got " + type_of(extra));
+  }
+  const std::string where = "kv_connector_extra_config";
+  SIESTA_TRY(refuse_unknown(extra,
+                            {"backend", "mode", "side_channel_host", "side_channel_port", "load_timeout_s",
+                             "hold_timeout_s", "transfer_timeout_s", "message_timeout_s", "write_grace_s",
+                             "worker_threads", "ucx_transports", "ucx_net_devices", "ucx_peer_error_handling"},
+                            where));
+  if (extra.contains("backend")) {
+    SIESTA_ASSIGN_OR_RETURN(c.backend, string_field(extra, "backend", where));
+    if (c.backend != "ucx" && c.backend != "ipc")
+      return bad(where + ".backend '" + c.backend + "' is not one of ucx, ipc");
+  }
+  if (extra.contains("mode")) {
+    SIESTA_ASSIGN_OR_RETURN(std::string mode, string_field(extra, "mode", where));
+    if (mode == "write") c.mode = TransferMode::kWrite;
+    else if (mode == "read") c.mode = TransferMode::kRead;
+    else return bad(where + ".mode '" + mode + "' is not one of write, read");
+  }
+  if (extra.contains("side_channel_host")) {
+    SIESTA_ASSIGN_OR_RETURN(c.side_channel_host, string_field(extra, "side_channel_host", where));
+    if (c.side_channel_host.empty()) return bad(where + ".side_channel_host must not be empty");
+  }
+  if (extra.contains("side_channel_port")) {
+    const json& v = extra.at("side_channel_port");
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 65535)
+      return bad(where + ".side_channel_port must be an integer in [0, 65535] (0: a free port), got " + v.dump());
+    c.side_channel_port = static_cast<uint16_t>(v.get<int64_t>());
+  }
+  if (extra.contains("load_timeout_s")) {
+    SIESTA_ASSIGN_OR_RETURN(c.load_timeout, seconds_field(extra, "load_timeout_s"));
+  }
+  if (extra.contains("hold_timeout_s")) {
+    SIESTA_ASSIGN_OR_RETURN(c.hold_timeout, seconds_field(extra, "hold_timeout_s"));
+  }
+  if (extra.contains("transfer_timeout_s")) {
+    SIESTA_ASSIGN_OR_RETURN(c.transfer_timeout, seconds_field(extra, "transfer_timeout_s"));
+  }
+  if (extra.contains("message_timeout_s")) {
+    SIESTA_ASSIGN_OR_RETURN(c.message_timeout, seconds_field(extra, "message_timeout_s"));
+  }
+  if (extra.contains("write_grace_s")) {
+    SIESTA_ASSIGN_OR_RETURN(c.write_grace, seconds_field(extra, "write_grace_s"));
+  }
+  if (extra.contains("worker_threads")) {
+    const json& v = extra.at("worker_threads");
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 64)
+      return bad(where + ".worker_threads must be an integer in [1, 64], got " + v.dump());
+    c.worker_threads = static_cast<int>(v.get<int64_t>());
+  }
+  for (const char* key : {"ucx_transports", "ucx_net_devices", "ucx_peer_error_handling"}) {
+    if (!extra.contains(key)) continue;
+    if (c.backend != "ucx")
+      return bad(where + "." + key + " applies to the ucx backend, and backend is '" + c.backend + "'");
+  }
+  if (extra.contains("ucx_transports")) {
+    SIESTA_ASSIGN_OR_RETURN(c.ucx_transports, string_field(extra, "ucx_transports", where));
+  }
+  if (extra.contains("ucx_net_devices")) {
+    SIESTA_ASSIGN_OR_RETURN(c.ucx_net_devices, string_field(extra, "ucx_net_devices", where));
+  }
+  if (extra.contains("ucx_peer_error_handling")) {
+    const json& v = extra.at("ucx_peer_error_handling");
+    if (!v.is_boolean()) return bad(where + ".ucx_peer_error_handling must be a boolean, got " + type_of(v));
+    c.ucx_peer_error_handling = v.get<bool>();
+  }
+
+  // Combinations: a load waits load_timeout_s in all, and it contains one
+  // message round trip and one transfer.
+  if (c.consumes() && c.transfer_timeout > c.load_timeout)
+    return bad(where + ".transfer_timeout_s (" + seconds_text(c.transfer_timeout) +
+               ") is longer than load_timeout_s (" + seconds_text(c.load_timeout) +
+               "): a load could never wait for its transfer; raise load_timeout_s or lower transfer_timeout_s");
+  if (c.consumes() && c.message_timeout > c.load_timeout)
+    return bad(where + ".message_timeout_s (" + seconds_text(c.message_timeout) +
+               ") is longer than load_timeout_s (" + seconds_text(c.load_timeout) +
+               "); raise load_timeout_s or lower message_timeout_s");
+  return c;
+}
+
+}  // namespace siesta::pd

@@ -1,0 +1,70 @@
+// PdConfig: what `siesta serve --kv-transfer-config JSON` says, in vLLM's
+// KVTransferConfig shape:
+//
+//   {"kv_connector": "SiestaConnector",
+//    "kv_role": "kv_producer" | "kv_consumer" | "kv_both",
+//    "engine_id": "prefill-0",                      (optional; default: random)
+//    "kv_connector_extra_config": {
+//      "backend": "ucx" | "ipc",                    (default ucx)
+//      "mode": "write" | "read",                    (default write)
+//      "side_channel_host": "127.0.0.1",            (what peers connect to)
+//      "side_channel_port": 0,                      (0: a free port)
+//      "load_timeout_s": 30,       consumer: a request waits this long for its KV, then recomputes
+//      "hold_timeout_s": 120,      producer: blocks kept for a reader after prefill, at most
+//      "transfer_timeout_s": 10,   one READ or WRITE of a request's blocks
+//      "message_timeout_s": 5,     one side-channel round trip (and the prefill URL lookup)
+//      "write_grace_s": 2,         consumer: after an unanswered WRITE request's deadline, how
+//                                  long its blocks stay held in case a copy is still running
+//      "worker_threads": 4,        threads for handshakes, messages and transfer starts
+//      "ucx_transports": "tcp", "ucx_net_devices": "lo", "ucx_peer_error_handling": true  (ucx only)
+//    }}
+//
+// Unknown keys, wrong types, out-of-range values and impossible combinations
+// (a ucx option with the ipc backend, a transfer deadline longer than the
+// load deadline, ...) are refused with one line naming them. A pure function.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace siesta::pd {
+
+enum class KvRole : uint8_t { kProducer, kConsumer, kBoth };
+// WRITE: the consumer tells the producer where, the producer writes after
+// prefill (the proxy's --mode concurrent). READ: the consumer reads the
+// producer's blocks named in kv_transfer_params (--mode sequential).
+enum class TransferMode : uint8_t { kWrite, kRead };
+
+const char* kv_role_name(KvRole role);          // "kv_producer", ...
+const char* transfer_mode_name(TransferMode m);  // "write", "read"
+
+struct PdConfig {
+  KvRole role = KvRole::kBoth;
+  std::string engine_id;  // empty: the connector picks a random one
+  std::string backend = "ucx";
+  TransferMode mode = TransferMode::kWrite;
+  std::string side_channel_host = "127.0.0.1";
+  uint16_t side_channel_port = 0;
+  std::chrono::milliseconds load_timeout{30'000};
+  std::chrono::milliseconds hold_timeout{120'000};
+  std::chrono::milliseconds transfer_timeout{10'000};
+  std::chrono::milliseconds message_timeout{5'000};
+  std::chrono::milliseconds write_grace{2'000};
+  int worker_threads = 4;
+  std::string ucx_transports;
+  std::string ucx_net_devices;
+  bool ucx_peer_error_handling = true;
+
+  bool produces() const { return role != KvRole::kConsumer; }
+  bool consumes() const { return role != KvRole::kProducer; }
+};
+
+// Parses the JSON text of --kv-transfer-config. Errors are kInvalidArgument,
+// one line, starting with "--kv-transfer-config: ".
+Result<PdConfig> parse_kv_transfer_config(std::string_view json_text);
+
+}  // namespace siesta::pd

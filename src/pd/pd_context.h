@@ -1,0 +1,104 @@
+// What the producer and consumer halves of SiestaConnector share: the
+// configuration, the transfer engine, the registered KV cache, the task
+// threads and the metrics; and ensure_peer(), the handshake both use.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "common/status.h"
+#include "engine/scheduler.h"
+#include "pd/pd_config.h"
+#include "pd/pd_messages.h"
+#include "pd/pd_metrics.h"
+#include "pd/task_queue.h"
+#include "transfer/transfer_engine.h"
+
+namespace siesta::pd {
+
+using transfer::Clock;
+using transfer::Deadline;
+
+// This engine's KV cache as registered with the transfer engine.
+struct LocalKv {
+  bool registered = false;
+  transfer::RegionId region;
+  uint64_t epoch = 0;
+  int32_t num_blocks = 0;
+  int32_t block_size = 0;
+  uint64_t block_bytes = 0;
+  std::string layout;
+
+  // Blocks of a prompt of n tokens.
+  int32_t blocks_for(int32_t num_tokens) const {
+    return block_size > 0 ? (num_tokens + block_size - 1) / block_size : 0;
+  }
+  bool valid_block(int32_t id) const { return id >= 0 && id < num_blocks; }
+};
+
+class LocalKvState {
+ public:
+  LocalKv get() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return kv_;
+  }
+  void set(LocalKv kv) {
+    std::lock_guard<std::mutex> lock(mu_);
+    kv_ = std::move(kv);
+  }
+
+ private:
+  mutable std::mutex mu_;
+  LocalKv kv_;
+};
+
+struct PdContext {
+  const PdConfig& config;
+  transfer::TransferEngine& transfers;
+  LocalKvState& kv;
+  TaskQueue& tasks;
+  PdMetrics& metrics;
+  // Wakes the connector's ticker (a transfer to poll, a deadline to watch).
+  std::function<void()> kick;
+
+  Deadline message_deadline(Deadline limit) const {
+    return transfer::earlier(limit, Clock::now() + config.message_timeout);
+  }
+};
+
+// The peer's descriptor, handshaking first when we have none, it is not
+// ready, or it was made at another epoch than `epoch` (when given). Checks
+// that `address` serves `engine_id`.
+Result<transfer::EngineMeta> ensure_peer(transfer::TransferEngine& transfers, const std::string& engine_id,
+                                         const std::string& address, std::optional<uint64_t> epoch,
+                                         Deadline deadline);
+
+// The one region a siesta peer registers (its KV cache), checked against a
+// region id when given.
+Result<transfer::RegionDesc> peer_kv_region(const transfer::EngineMeta& meta, std::optional<uint64_t> region);
+
+// Sends a P/D message and decodes the reply. Transport failures are errors;
+// a refusal is a Reply with ok false.
+Result<Reply> send_pd_message(transfer::TransferEngine& transfers, const std::string& address, std::string payload,
+                              Deadline deadline);
+
+// A bounded record of requests whose sends or loads ended, and why, so that
+// a late message about one gets a precise answer. Not thread-safe.
+class EndedRequests {
+ public:
+  explicit EndedRequests(size_t capacity = 8192) : capacity_(capacity) {}
+  void add(const std::string& key, std::string why);
+  const std::string* find(const std::string& key) const;
+
+ private:
+  size_t capacity_;
+  std::unordered_map<std::string, std::string> why_;
+  std::deque<std::string> order_;
+};
+
+}  // namespace siesta::pd

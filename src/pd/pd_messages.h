@@ -1,0 +1,117 @@
+// The P/D protocol between a consumer (D) and a producer (P): JSON payloads
+// of the transfer engine's opaque MESSAGE frames and of the notification that
+// follows a WRITE. Every message names its request and carries "v" (the
+// protocol version) and "op". Decoders refuse wrong types, missing fields and
+// out-of-range values with a one-line Status; they never throw.
+//
+//   D -> P  write       WRITE mode: "after your prefill, write the KV of
+//                       (x_request_id, choice) into my blocks"; answered at
+//                       once: ok, or refused with the reason (P aborted,
+//                       expired or finished that send, or the prompt differs)
+//   D -> P  read_start  READ mode: "I am about to read the blocks of your
+//                       request R": ok {region, epoch, lease_ms}, or refused
+//   D -> P  read_done   READ mode: "I read them; release them": ok {held}:
+//                       whether the hold lasted the whole read
+//   D -> P  cancel      the consumer's request ended or will not load:
+//                       ok {writing}: whether a write of P's is still in flight
+//   P -> D  load_failed WRITE mode: P will not write (aborted, failed)
+//   P -> D  written     (the notification of the WRITE, after its data)
+//
+// A reply is {"v", "ok": true, ...} or {"v", "ok": false, "reason": "..."}.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace siesta::pd {
+
+inline constexpr int kProtocolVersion = 1;
+
+// What both sides must agree on before KV moves between them.
+struct PromptCheck {
+  int32_t num_tokens = 0;
+  uint64_t hash = 0;          // prompt_hash() of the prompt's token ids
+  std::string layout;         // kv_layout_fingerprint of the KV cache
+  uint64_t block_bytes = 0;
+  friend bool operator==(const PromptCheck&, const PromptCheck&) = default;
+};
+
+// FNV-1a over the token ids.
+uint64_t prompt_hash(const std::vector<int32_t>& tokens);
+
+struct WriteRequest {
+  std::string x_request_id;
+  int32_t choice = 0;
+  std::string consumer_request;   // D's request id, named in `written`
+  std::string consumer_engine;
+  std::string consumer_address;   // D's side channel
+  uint64_t region = 0;            // D's KV cache region at `epoch`
+  uint64_t epoch = 0;
+  int32_t first_block = 0;        // blocks before it are in D's prefix cache
+  std::vector<int32_t> blocks;    // D's blocks for prompt blocks first_block, first_block + 1, ...
+  PromptCheck prompt;
+  int64_t deadline_unix_ms = 0;   // P starts no write after it (wall clock)
+};
+
+struct CancelRequest {
+  std::string x_request_id;       // names a WRITE-mode send (with choice) ...
+  int32_t choice = 0;
+  std::string producer_request;   // ... or P's request id (READ mode)
+};
+
+struct ReadStart {
+  std::string producer_request;
+  int32_t first_block = 0;
+  int32_t num_blocks = 0;         // blocks D will read (from first_block)
+  PromptCheck prompt;
+};
+
+struct ReadDone {
+  std::string producer_request;
+};
+
+struct LoadFailed {
+  std::string consumer_request;
+  std::string reason;
+};
+
+struct Written {
+  std::string consumer_request;
+  uint64_t bytes = 0;
+};
+
+using PdMessage = std::variant<WriteRequest, CancelRequest, ReadStart, ReadDone, LoadFailed>;
+
+std::string encode(const WriteRequest& m);
+std::string encode(const CancelRequest& m);
+std::string encode(const ReadStart& m);
+std::string encode(const ReadDone& m);
+std::string encode(const LoadFailed& m);
+std::string encode(const Written& m);
+
+Result<PdMessage> decode_message(std::string_view payload);
+Result<Written> decode_written(std::string_view payload);
+
+// Replies.
+struct Reply {
+  bool ok = false;
+  std::string reason;      // when refused
+  nlohmann::json body;     // the whole reply object
+};
+std::string encode_ok(nlohmann::json fields = nlohmann::json::object());
+std::string encode_refusal(const std::string& reason);
+Result<Reply> decode_reply(std::string_view payload);
+
+// Typed fields of a reply body (kCorrupt naming the field when absent or mistyped).
+Result<bool> reply_bool(const Reply& r, const char* key);
+Result<uint64_t> reply_u64(const Reply& r, const char* key);
+Result<int64_t> reply_i64(const Reply& r, const char* key);
+
+}  // namespace siesta::pd

@@ -1,0 +1,110 @@
+// Producer: the prefill (P) half of SiestaConnector. It keeps one Send per
+// request that came with kv_transfer_params.do_remote_decode, moves it
+// through send_state.h's table, and tells the engine when a send's blocks
+// may go back to the pool.
+//
+//   on_added(r)          engine loop: a send in WAITING (the blocks will be held)
+//   on_finished(r, out)  engine loop: READY with out.held_blocks, until
+//                        hold_timeout; answers vLLM's kv_transfer_params
+//   on_aborted(id)       engine loop: a WAITING send ends (aborted)
+//   collect(updates)     engine loop: holds of DONE sends that no write of
+//                        ours reads any more
+//   on_write / on_cancel / on_read_start / on_read_done
+//                        side-channel threads: the consumer's messages,
+//                        answered at once (a refusal names why)
+//   tick(now)            ticker thread: hold deadlines, writes in flight
+//   end_all(deadline)    release_transfer_kv: every send ends (released);
+//                        waits for our writes in flight
+//
+// WRITE mode: the consumer's `write` names (x_request_id, choice), may come
+// before the request does (it is parked until then), and the write starts
+// once the send is READY (on a task thread: handshake, then submit with a
+// notification). READ mode: `read_start` and `read_done` name the request id
+// that kv_transfer_params gave; read_done answers whether the send was still
+// READY, i.e. whether the hold lasted the whole read.
+//
+// Thread safety: every method may be called from any thread (one mutex).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/engine_connector.h"
+#include "pd/pd_context.h"
+#include "pd/send_state.h"
+
+namespace siesta::pd {
+
+class Producer {
+ public:
+  explicit Producer(PdContext& ctx) : ctx_(ctx) {}
+
+  ConnectorPlan on_added(const EngineRequest& request);
+  nlohmann::json on_finished(const EngineRequest& request, const RequestOutput& output);
+  void on_aborted(const RequestId& id);
+  void collect(ConnectorUpdates& updates);
+
+  std::string on_write(const WriteRequest& m);
+  std::string on_cancel(const CancelRequest& m);
+  std::string on_read_start(const ReadStart& m);
+  std::string on_read_done(const ReadDone& m);
+
+  // Returns whether a write is in flight (poll again soon).
+  bool tick(Clock::time_point now);
+  Result<void> end_all(Deadline deadline);
+
+  size_t num_sends() const;
+
+ private:
+  struct Target {
+    WriteRequest request;
+    Deadline deadline;  // no write starts after it
+  };
+
+  struct Send {
+    RequestId id;
+    std::string key;  // x_request_id + choice (empty without an X-Request-Id)
+    SendState state = SendState::kWaiting;
+    SendEvent end = SendEvent::kPrefilled;  // why it is DONE
+    int32_t num_tokens = 0;
+    uint64_t prompt_hash = 0;
+    std::vector<BlockId> blocks;
+    bool hold_taken = false;       // the scheduler holds send_hold_owner(id)
+    bool cancelled = false;        // the consumer gave up while it was WAITING
+    Deadline hold_deadline;
+    std::optional<Target> target;
+    bool write_starting = false;   // a task is between its snapshot and submit
+    std::optional<transfer::XferId> write;
+    bool write_final = false;      // poll() reported its end
+    Clock::time_point write_started;
+    uint64_t write_bytes = 0;
+  };
+
+  static std::string key_of(const std::string& x_request_id, int32_t choice);
+  // The one place a send changes state; logs, counts, and records why it ended.
+  void transition(Send& s, SendEvent event, const std::string& detail = {});
+  bool write_busy(const Send& s) const;
+  void post_write(const RequestId& id);
+  void run_write(const RequestId& id);
+  void fail_write(const RequestId& id, const std::string& why);
+  // Tells the consumer of `target` that no write will come (best effort).
+  void post_load_failed(const Target& target, const std::string& why);
+  std::string check_prompt(const Send& s, const PromptCheck& p, const LocalKv& kv) const;
+  Target target_of(const WriteRequest& m) const;
+
+  PdContext& ctx_;
+  mutable std::mutex mu_;
+  std::unordered_map<RequestId, Send> sends_;
+  std::unordered_map<std::string, RequestId> by_key_;
+  std::unordered_map<std::string, Target> parked_;  // write requests that came before their request
+  EndedRequests ended_ids_;
+  EndedRequests ended_keys_;
+  std::vector<std::string> orphan_holds_;  // holds the scheduler made for requests we do not track
+};
+
+}  // namespace siesta::pd

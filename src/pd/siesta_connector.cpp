@@ -1,0 +1,235 @@
+#include "pd/siesta_connector.h"
+
+#include <fmt/format.h>
+
+#include <random>
+#include <thread>
+#include <variant>
+
+#include "common/log.h"
+
+namespace siesta::pd {
+namespace {
+
+// How often the ticker looks at deadlines when nothing is in flight, and
+// while transfers are (poll).
+constexpr auto kIdleTick = std::chrono::milliseconds(20);
+constexpr auto kBusyTick = std::chrono::milliseconds(1);
+constexpr auto kNotificationWait = std::chrono::milliseconds(100);
+
+std::string random_engine_id() {
+  std::random_device rd;
+  std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd());
+  return fmt::format("siesta-{:012x}", gen() & 0xffffffffffffull);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SiestaConnector>> SiestaConnector::create(const PdConfig& config, bool sleep_mode) {
+  transfer::TransferConfig tc;
+  tc.engine_id = config.engine_id.empty() ? random_engine_id() : config.engine_id;
+  tc.backend = config.backend;
+  tc.side_channel.host = config.side_channel_host;
+  tc.side_channel.port = config.side_channel_port;
+  tc.side_channel.handler_threads = 2;
+  tc.sleep_mode = sleep_mode;
+  tc.max_regions = 16;
+  tc.ucx_transports = config.ucx_transports;
+  tc.ucx_net_devices = config.ucx_net_devices;
+  tc.ucx_peer_error_handling = config.ucx_peer_error_handling;
+  auto transfers = transfer::TransferEngine::create(tc);
+  if (!transfers) return transfers.error().with_context("starting the KV transfer engine");
+  return std::unique_ptr<SiestaConnector>(new SiestaConnector(config, std::move(*transfers)));
+}
+
+SiestaConnector::SiestaConnector(PdConfig config, std::unique_ptr<transfer::TransferEngine> transfers)
+    : config_(std::move(config)), transfers_(std::move(transfers)) {
+  tasks_ = std::make_unique<TaskQueue>(config_.worker_threads, "pd tasks");
+  ctx_ = std::unique_ptr<PdContext>(new PdContext{config_, *transfers_, kv_, *tasks_, metrics_, [this] { kick(); }});
+  producer_ = std::make_unique<Producer>(*ctx_);
+  consumer_ = std::make_unique<Consumer>(*ctx_);
+  transfers_->set_message_handler([this](const transfer::PeerMessage& m) { return on_message(m); });
+  ticker_ = std::thread([this] { run_ticker(); });
+  notifications_ = std::thread([this] { run_notifications(); });
+  SIESTA_LOG_INFO("pd: {} engine {} ({} backend, {} mode), side channel {}", kv_role_name(config_.role),
+                  transfers_->engine_id(), config_.backend, transfer_mode_name(config_.mode), transfers_->address());
+}
+
+SiestaConnector::~SiestaConnector() {
+  stopping_.store(true);
+  kick();
+  if (ticker_.joinable()) ticker_.join();
+  if (notifications_.joinable()) notifications_.join();
+  tasks_->stop();
+  // The side channel's handlers call into the producer and consumer: stop it first.
+  transfers_.reset();
+}
+
+nlohmann::json SiestaConnector::info() const {
+  const std::string& address = transfers_->address();
+  const size_t colon = address.rfind(':');
+  return nlohmann::json{{"engine_id", transfers_->engine_id()},
+                        {"side_channel_address", address},
+                        {"side_channel_host", address.substr(0, colon)},
+                        {"side_channel_port", std::stoi(address.substr(colon + 1))},
+                        {"backend", config_.backend},
+                        {"kv_role", kv_role_name(config_.role)},
+                        {"mode", transfer_mode_name(config_.mode)}};
+}
+
+void SiestaConnector::kick() {
+  {
+    std::lock_guard<std::mutex> lock(tick_mu_);
+    kicked_ = true;
+  }
+  tick_cv_.notify_one();
+}
+
+void SiestaConnector::run_ticker() {
+  while (!stopping_.load()) {
+    const auto now = Clock::now();
+    bool busy = producer_->tick(now);
+    busy = consumer_->tick(now) || busy;
+    std::unique_lock<std::mutex> lock(tick_mu_);
+    tick_cv_.wait_for(lock, busy ? kBusyTick : kIdleTick, [&] { return kicked_ || stopping_.load(); });
+    kicked_ = false;
+  }
+}
+
+void SiestaConnector::run_notifications() {
+  while (!stopping_.load()) {
+    for (transfer::Notification& n : transfers_->wait_notifications(Clock::now() + kNotificationWait)) {
+      auto written = decode_written(n.payload);
+      if (!written) {
+        SIESTA_LOG_WARN("pd: a notification from {} could not be read: {}", n.from_engine, written.error().message);
+        continue;
+      }
+      if (config_.consumes()) consumer_->on_written(*written, n.from_engine);
+    }
+  }
+}
+
+Result<std::string> SiestaConnector::on_message(const transfer::PeerMessage& message) {
+  SIESTA_ASSIGN_OR_RETURN(PdMessage m, decode_message(message.payload));
+  const std::string not_producer = fmt::format("engine {} is not a producer (kv_role {})", transfers_->engine_id(),
+                                               kv_role_name(config_.role));
+  const std::string not_consumer = fmt::format("engine {} is not a consumer (kv_role {})", transfers_->engine_id(),
+                                               kv_role_name(config_.role));
+  if (auto* w = std::get_if<WriteRequest>(&m))
+    return config_.produces() ? producer_->on_write(*w) : encode_refusal(not_producer);
+  if (auto* c = std::get_if<CancelRequest>(&m))
+    return config_.produces() ? producer_->on_cancel(*c) : encode_refusal(not_producer);
+  if (auto* s = std::get_if<ReadStart>(&m))
+    return config_.produces() ? producer_->on_read_start(*s) : encode_refusal(not_producer);
+  if (auto* d = std::get_if<ReadDone>(&m))
+    return config_.produces() ? producer_->on_read_done(*d) : encode_refusal(not_producer);
+  if (auto* f = std::get_if<LoadFailed>(&m))
+    return config_.consumes() ? consumer_->on_load_failed(*f) : encode_refusal(not_consumer);
+  return invalid_argument("unhandled P/D message");
+}
+
+// ---- KvConnector ------------------------------------------------------------------------
+
+Result<void> SiestaConnector::on_kv_cache_mapped(const KvCacheRegion& region) {
+  if (config_.backend == "ipc" && region.export_fd < 0)
+    return invalid_argument(
+        "the ipc transfer backend maps the KV cache through an exported file descriptor, and this KV cache could "
+        "not be exported (see the log); use \"backend\": \"ucx\" in kv_connector_extra_config");
+  const LocalKv old = kv_.get();
+  if (old.registered) {
+    if (auto ok = transfers_->deregister_region(old.region); !ok)
+      SIESTA_LOG_WARN("pd: deregistering the old KV cache region: {}", ok.error().message);
+  }
+  transfer::RegionSpec spec;
+  spec.base = region.base;
+  spec.bytes = region.bytes;
+  spec.kind = region.cuda ? transfer::MemoryKind::kCuda : transfer::MemoryKind::kHost;
+  spec.export_fd = region.export_fd;
+  spec.export_offset = region.export_offset;
+  spec.export_bytes = region.export_bytes;
+  spec.cuda_device = region.cuda_device;
+  SIESTA_ASSIGN_OR_RETURN(transfer::RegionId id, transfers_->register_region(spec));
+  LocalKv kv;
+  kv.registered = true;
+  kv.region = id;
+  kv.epoch = transfers_->epoch().value;
+  kv.num_blocks = region.num_blocks;
+  kv.block_size = region.block_size;
+  kv.block_bytes = region.block_bytes;
+  kv.layout = region.layout;
+  kv_.set(kv);
+  SIESTA_LOG_INFO("pd: KV cache registered: {} blocks of {} bytes ({} memory), epoch {}", kv.num_blocks,
+                  kv.block_bytes, region.cuda ? "cuda" : "host", kv.epoch);
+  return {};
+}
+
+ConnectorPlan SiestaConnector::on_request_added(const EngineRequest& request) {
+  ConnectorPlan plan;
+  if (config_.produces()) plan.hold_blocks_for_remote_reader = producer_->on_added(request).hold_blocks_for_remote_reader;
+  if (config_.consumes()) plan.load_remote_kv = consumer_->on_added(request).load_remote_kv;
+  return plan;
+}
+
+void SiestaConnector::start_load(const RequestId& id, const RemoteKvTarget& target) {
+  consumer_->start_load(id, target);
+}
+
+void SiestaConnector::on_load_skipped(const RequestId& id) { consumer_->on_skipped(id); }
+
+ConnectorUpdates SiestaConnector::poll() {
+  ConnectorUpdates u;
+  producer_->collect(u);
+  consumer_->collect(u);
+  return u;
+}
+
+nlohmann::json SiestaConnector::on_request_finished(const EngineRequest& request, const RequestOutput& output) {
+  if (!config_.produces()) return nullptr;
+  return producer_->on_finished(request, output);
+}
+
+void SiestaConnector::on_request_aborted(const RequestId& id) {
+  producer_->on_aborted(id);
+  consumer_->on_aborted(id);
+}
+
+void SiestaConnector::on_request_dropped(const EngineRequest& request) {
+  if (config_.consumes()) consumer_->on_dropped(request);
+}
+
+Result<void> SiestaConnector::release_transfer_kv(Deadline deadline) {
+  const LocalKv kv = kv_.get();
+  // From here no request is offered for transfers and no message is served
+  // from the KV cache.
+  LocalKv closed = kv;
+  closed.registered = false;
+  kv_.set(closed);
+  auto restore = [&](const Status& why) -> Result<void> {
+    kv_.set(kv);
+    return why;
+  };
+  if (auto ok = consumer_->end_all(deadline); !ok) return restore(ok.error());
+  if (auto ok = producer_->end_all(deadline); !ok) return restore(ok.error());
+  if (!kv.registered) return {};
+  // Peers that imported our memory drop it (each ACK says so); a peer that
+  // does not answer is skipped: ours is deregistered next, so whatever it
+  // kept names memory we no longer use.
+  transfer::InvalidateReport report = transfers_->invalidate_peers(deadline);
+  for (size_t i = 0; i < report.unanswered.size(); ++i)
+    SIESTA_LOG_WARN("pd: peer {} at {} did not acknowledge INVALIDATE ({}); releasing the KV cache anyway",
+                    report.unanswered[i].engine_id, report.unanswered[i].address, report.why_unanswered[i].message);
+  consumer_->peers_invalidated();
+  for (;;) {
+    auto ok = transfers_->deregister_region(kv.region);
+    if (ok) break;
+    if (ok.error().code != ErrorCode::kConflict || Clock::now() >= deadline)
+      return restore(ok.error().with_context("deregistering the KV cache"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  kv_.set(LocalKv{});
+  SIESTA_LOG_INFO("pd: KV cache deregistered for release ({} peers invalidated, {} unanswered)", report.acked.size(),
+                  report.unanswered.size());
+  return {};
+}
+
+}  // namespace siesta::pd
