@@ -3,6 +3,7 @@
 //   memory_bench --backend host|cuda [--out bench/results/memory_<backend>.json]
 //                [--sizes 256M,1G,4G] [--layouts single,2M,256M] [--repeat 3]
 //                [--offload-layouts single] [--copy-bytes 1G] [--device 0] [--commit SHA]
+//                [--offload-mode staged|pinned]
 //
 // For each region size and physical layout (one allocation, or chunks of 2 MiB
 // or 256 MiB) one pool allocation tagged `weights` is measured:
@@ -17,7 +18,10 @@
 // host memory (pinned on CUDA), which bounds offload and restore, and on CUDA
 // the cost of allocating pinned host memory, which sleep with offload pays.
 // Timings are medians over --repeat runs (after one untimed warm-up cycle of
-// the largest size); freed/back are the smallest seen.
+// the largest size); freed/back are the smallest seen. --offload-mode (CUDA)
+// picks how offloaded contents reach the host: staged (ordinary host memory
+// through a pinned staging ring, the default) or pinned (cuMemHostAlloc of
+// the whole size per sleep).
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -61,6 +65,7 @@ struct Options {
   uint64_t copy_bytes = 0;
   int device = 0;
   std::string commit;
+  memory::OffloadMode offload = memory::OffloadMode::kStaged;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -68,7 +73,7 @@ struct Options {
                "memory_bench: %s\n"
                "usage: memory_bench --backend host|cuda [--out FILE.json] [--sizes 256M,1G,4G] "
                "[--layouts single,2M,256M] [--offload-layouts single] [--repeat N] [--copy-bytes 1G] [--device N] "
-               "[--commit SHA]\n",
+               "[--commit SHA] [--offload-mode staged|pinned]\n",
                why.c_str());
   std::exit(2);
 }
@@ -115,6 +120,12 @@ Options parse(int argc, char** argv) {
     else if (a == "--copy-bytes") o.copy_bytes = parse_size(next());
     else if (a == "--device") o.device = std::atoi(next().c_str());
     else if (a == "--commit") o.commit = next();
+    else if (a == "--offload-mode") {
+      const std::string m = next();
+      if (m == "staged") o.offload = memory::OffloadMode::kStaged;
+      else if (m == "pinned") o.offload = memory::OffloadMode::kPinned;
+      else usage("--offload-mode is staged or pinned");
+    }
     else if (a == "-h" || a == "--help") usage("help");
     else usage("unknown argument " + a);
   }
@@ -254,7 +265,7 @@ int main(int argc, char** argv) {
   init_logging("warn");
   const bool cuda = opt.backend == "cuda";
   std::unique_ptr<MemoryBackend> backend =
-      cuda ? check(make_cuda_backend({.device = opt.device}), "CUDA backend") : check(make_host_backend(), "host backend");
+      cuda ? check(make_cuda_backend({.device = opt.device, .offload = opt.offload}), "CUDA backend") : check(make_host_backend(), "host backend");
   const std::string description = backend->description();
   MemoryPool pool(std::move(backend));
   MemoryGauge gauge{&pool, cuda};
@@ -325,7 +336,7 @@ int main(int argc, char** argv) {
 
   std::printf("memory sleep/wake, %s backend: %s\n", opt.backend.c_str(), description.c_str());
   std::printf("limit: copy to host %.1f GB/s, from host %.1f GB/s (%s), host allocation %.1f GB/s; freed/back from %s\n",
-              limit.to_host_gb_s, limit.from_host_gb_s, cuda ? "pinned" : "memcpy", limit.host_alloc_gb_s, gauge_name);
+              limit.to_host_gb_s, limit.from_host_gb_s, cuda ? offload_mode_name(opt.offload) : "memcpy", limit.host_alloc_gb_s, gauge_name);
   std::printf("%9s %7s %7s %9s %9s %10s %9s %10s %14s %14s\n", "size_GiB", "layout", "pieces", "map_ms", "sleep_ms",
               "freed_GiB", "wake_ms", "back_GiB", "sleep+offl_ms", "wake+restr_ms");
   nlohmann::json results = nlohmann::json::array();
@@ -361,13 +372,17 @@ int main(int argc, char** argv) {
         {"benchmark", "memory_sleep_wake"},
         {"backend", opt.backend},
         {"backend_description", description},
+        {"offload_mode", cuda ? offload_mode_name(opt.offload) : "memcpy"},
         {"machine", machine()},
         {"date", utc_now()},
         {"commit", commit.empty() ? "unknown" : commit},
         {"repeat", opt.repeat},
         {"gauge", gauge_name},
         {"limit",
-         {{"what", cuda ? "pinned host <-> device copy (cuMemcpyDtoH/HtoD), and cuMemHostAlloc speed"
+         {{"what", cuda ? (opt.offload == OffloadMode::kPinned
+                               ? "pinned host <-> device copy (cuMemcpyDtoH/HtoD), and cuMemHostAlloc speed"
+                               : "staged copy between device and ordinary host memory (first touch included in "
+                                 "the first of the runs), and host allocation speed")
                         : "memcpy between pool memory and host memory, and host allocation + first touch speed"},
           {"bytes", opt.copy_bytes},
           {"to_host_gb_per_s", limit.to_host_gb_s},

@@ -1,10 +1,15 @@
 // siesta generate --model DIR (--prompt TEXT | --prompt-ids 1,2,3) --max-tokens N
 //                 [--temperature T] [--top-p P] [--top-k K] [--seed S] [--ignore-eos]
 //                 [--json] [--dump-logits FILE] [--threads N]
+//                 [--device cpu|cuda] [--gpu-memory-utilization F] [--kv-cache-memory-bytes N]
+//                 [--batch-invariant]
 //
 // One sequence through the model: the prompt in one forward step, then one
 // token per step through the paged KV cache. Text streams to stdout as it is
 // generated (whole UTF-8 characters only); --json prints one object at the end.
+// The model and its KV cache come from a memory pool on the device
+// (engine_model.h); the KV cache holds exactly prompt + max tokens, which must
+// fit in what --kv-cache-memory-bytes or (CUDA) --gpu-memory-utilization allows.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -13,9 +18,11 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/device_flags.h"
 #include "common/thread_pool.h"
+#include "engine/engine_kv_cache.h"
+#include "engine/engine_model.h"
 #include "engine/sampler.h"
-#include "model/cpu/qwen3_cpu.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
 
@@ -35,6 +42,7 @@ struct GenerateOptions {
   bool json = false;
   std::string dump_logits;
   size_t threads = 0;
+  DeviceFlags device;
 };
 
 Result<std::vector<int32_t>> parse_ids(const std::string& text) {
@@ -74,10 +82,13 @@ Result<void> run_generate(const GenerateOptions& opt) {
   params.ignore_eos = opt.ignore_eos;
   SIESTA_TRY(params.validate());
 
+  EngineOptions eo;
+  eo.model_dir = opt.model;
+  eo.threads = opt.threads;
+  eo.max_num_seqs = 1;
+  SIESTA_TRY(opt.device.apply(eo));
   SIESTA_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(opt.model));
-  ThreadPool pool(opt.threads);
-  SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<CpuQwen3> model, CpuQwen3::load(opt.model, pool));
-  const ModelConfig& cfg = model->config();
+  SIESTA_ASSIGN_OR_RETURN(const ModelConfig cfg, ModelConfig::load(opt.model));
 
   std::vector<int32_t> prompt;
   if (!opt.prompt_ids.empty()) {
@@ -95,13 +106,31 @@ Result<void> run_generate(const GenerateOptions& opt) {
     return invalid_argument("prompt (" + std::to_string(prompt.size()) + " tokens) + --max-tokens (" +
                             std::to_string(opt.max_tokens) + ") exceeds the model's max_position_embeddings (" +
                             std::to_string(cfg.max_position_embeddings) + ")");
+  // The CUDA model sizes its RoPE table and decode buffers for this context.
+  eo.max_model_len = static_cast<int32_t>(total);
+
+  ThreadPool pool(eo.device == Device::kCpu ? opt.threads : 1);
+  SIESTA_ASSIGN_OR_RETURN(EngineModel loaded, load_engine_model(eo, pool));
+  Model* model = loaded.model.get();
 
   const KvCacheLayout layout = model->kv_layout();
   const int num_blocks = static_cast<int>((total + layout.block_size - 1) / layout.block_size);
-  std::vector<float> cache(static_cast<size_t>(num_blocks) * layout.block_elems());
+  const uint64_t needed = static_cast<uint64_t>(num_blocks) * layout.block_bytes();
+  if (eo.kv_cache_memory_bytes || eo.device == Device::kCuda) {
+    SIESTA_ASSIGN_OR_RETURN(uint64_t budget, kv_cache_budget(eo, loaded));
+    if (needed > budget)
+      return out_of_memory("prompt + --max-tokens (" + std::to_string(total) + " tokens) need " +
+                           std::to_string(needed) + " bytes of KV cache, more than the " + std::to_string(budget) +
+                           " bytes " +
+                           (eo.kv_cache_memory_bytes ? "--kv-cache-memory-bytes allows"
+                                                     : "--gpu-memory-utilization leaves after the weights") +
+                           "; generate fewer tokens or allow more");
+  }
+  // Destroyed before `loaded` (declared after it): the pool outlives it.
+  SIESTA_ASSIGN_OR_RETURN(KvCacheMemory cache, KvCacheMemory::allocate(*loaded.memory, layout, num_blocks));
   std::vector<int32_t> block_table(num_blocks);
   for (int i = 0; i < num_blocks; ++i) block_table[i] = i;
-  const KvCacheView kv{cache.data(), num_blocks, layout};
+  const KvCacheView kv = cache.view();
 
   Sampler sampler(cfg.eos_token_ids, RandomGenerator::from_entropy());
   IncrementalDetokenizer detok(tok, /*skip_special_tokens=*/true);
@@ -160,6 +189,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--json", opt->json, "Print {\"prompt_ids\", \"token_ids\", \"text\"}");
   cmd->add_option("--dump-logits", opt->dump_logits, "Write the prompt's logits [prompt_len, vocab] as safetensors");
   cmd->add_option("--threads", opt->threads, "CPU threads (0 = all cores)")->capture_default_str();
+  opt->device.add_to(*cmd);
   cmd->callback([opt] {
     if (opt->prompt.empty() && opt->prompt_ids.empty()) {
       std::cerr << "siesta generate: give --prompt TEXT or --prompt-ids 1,2,3\n";

@@ -3,6 +3,7 @@
 //              [--max-num-batched-tokens N] [--kv-cache-memory-bytes N | --num-kv-blocks N]
 //              [--no-enable-prefix-caching] [--threads N] [--seed S]
 //              [--enable-sleep-mode] [--max-held-requests N]
+//              [--device cpu|cuda] [--gpu-memory-utilization F] [--batch-invariant]
 //              [--kv-transfer-config JSON]
 //
 // --kv-transfer-config (vLLM's shape, src/pd/pd_config.h) makes the engine a
@@ -21,6 +22,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/device_flags.h"
 #include "engine/engine.h"
 #include "pd/pd_config.h"
 #include "pd/siesta_connector.h"
@@ -32,7 +34,7 @@ namespace {
 struct ServeFlags {
   EngineOptions engine;
   server::ServerOptions server;
-  std::string kv_cache_memory;
+  DeviceFlags device;
   int64_t max_model_len = 0;
   int64_t num_kv_blocks = 0;
   int64_t seed = -1;
@@ -40,35 +42,8 @@ struct ServeFlags {
   std::string kv_transfer_config;
 };
 
-// "4294967296", "4G", "512M", "1.5GiB": K/M/G/T are powers of 1024 (with or without "iB"/"B").
-Result<uint64_t> parse_bytes(const std::string& text) {
-  size_t pos = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &pos);
-  } catch (const std::exception&) {
-    return invalid_argument("--kv-cache-memory-bytes: expected a byte count such as 4294967296 or 4G, got '" + text + "'");
-  }
-  std::string unit = text.substr(pos);
-  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  if (unit.size() > 1 && unit.back() == 'B') unit.pop_back();
-  if (unit.size() > 1 && unit.back() == 'I') unit.pop_back();
-  double scale = 1;
-  if (unit == "K") scale = 1024.0;
-  else if (unit == "M") scale = 1024.0 * 1024;
-  else if (unit == "G") scale = 1024.0 * 1024 * 1024;
-  else if (unit == "T") scale = 1024.0 * 1024 * 1024 * 1024;
-  else if (!unit.empty() && unit != "B")
-    return invalid_argument("--kv-cache-memory-bytes: unknown unit '" + text.substr(pos) + "' (use K, M, G or T)");
-  if (!(v > 0)) return invalid_argument("--kv-cache-memory-bytes must be positive, got '" + text + "'");
-  return static_cast<uint64_t>(v * scale);
-}
-
 Result<void> run_serve(ServeFlags& f) {
-  if (!f.kv_cache_memory.empty()) {
-    SIESTA_ASSIGN_OR_RETURN(uint64_t bytes, parse_bytes(f.kv_cache_memory));
-    f.engine.kv_cache_memory_bytes = bytes;
-  }
+  SIESTA_TRY(f.device.apply(f.engine));
   if (f.max_model_len > 0) f.engine.max_model_len = static_cast<int32_t>(f.max_model_len);
   if (f.num_kv_blocks > 0) f.engine.num_kv_blocks = static_cast<int32_t>(f.num_kv_blocks);
   if (f.seed >= 0) f.engine.seed = static_cast<uint64_t>(f.seed);
@@ -135,11 +110,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-num-batched-tokens", f->engine.max_num_batched_tokens, "Tokens per engine step")
       ->check(CLI::Range(1, INT32_MAX))
       ->capture_default_str();
-  auto* bytes = cmd->add_option("--kv-cache-memory-bytes", f->kv_cache_memory,
-                                "KV cache size in bytes (K, M, G suffixes: powers of 1024; default 4G)");
+  f->device.add_to(*cmd);
   auto* blocks = cmd->add_option("--num-kv-blocks", f->num_kv_blocks, "KV cache size in blocks of 16 tokens")
                      ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
-  bytes->excludes(blocks);
+  f->device.kv_bytes_option->excludes(blocks);
   cmd->add_flag("--no-enable-prefix-caching", f->no_prefix_caching, "Turn the prefix cache off");
   cmd->add_option("--kv-transfer-config", f->kv_transfer_config,
                   "P/D disaggregation, vLLM's JSON: {\"kv_connector\": \"SiestaConnector\", \"kv_role\": "

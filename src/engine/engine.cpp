@@ -7,10 +7,9 @@
 
 #include "common/log.h"
 #include "common/thread_pool.h"
+#include "engine/engine_model.h"
 #include "engine/engine_step.h"
-#include "memory/host_backend.h"
 #include "memory/process_memory.h"
-#include "model/cpu/qwen3_cpu.h"
 
 namespace siesta {
 
@@ -74,16 +73,27 @@ class EngineInbox final : public StreamAborter {
 Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options, std::unique_ptr<KvConnector> connector) {
   auto tok = Tokenizer::load(options.model_dir);
   if (!tok) return tok.error().with_context("loading the tokenizer from " + options.model_dir.string());
-  auto threads = std::make_unique<ThreadPool>(options.threads);
-  // Every byte the engine owns comes from this pool (src/memory); the CPU
-  // engine uses the host backend.
-  auto backend = memory::make_host_backend();
-  if (!backend) return backend.error().with_context("creating the engine's memory pool");
-  auto memory = std::make_unique<memory::MemoryPool>(std::move(*backend));
-  auto model = CpuQwen3::load(options.model_dir, *threads, *memory, std::max(0, options.max_num_batched_tokens));
-  if (!model) return model.error().with_context("loading the model from " + options.model_dir.string());
-  const KvCacheLayout layout = (*model)->kv_layout();
-  SIESTA_ASSIGN_OR_RETURN(EngineLimits limits, resolve_engine_limits(options, (*model)->config(), layout));
+  // The CPU model computes on these threads; the CUDA model needs none.
+  auto threads = std::make_unique<ThreadPool>(options.device == Device::kCpu ? options.threads : 1);
+  // Every byte the engine owns comes from the model's pool (src/memory): the
+  // host backend on the CPU, cuMem on CUDA (engine_model.h).
+  SIESTA_ASSIGN_OR_RETURN(EngineModel loaded, load_engine_model(options, *threads));
+  std::unique_ptr<memory::MemoryPool> memory = std::move(loaded.memory);
+  std::unique_ptr<Model> model = std::move(loaded.model);
+  const KvCacheLayout layout = model->kv_layout();
+  // The KV cache's size: explicit, or (CUDA) what --gpu-memory-utilization leaves.
+  EngineOptions sized = options;
+  if (!options.num_kv_blocks) {
+    auto budget = kv_cache_budget(options, loaded);
+    if (!budget) return budget.error().with_context("sizing the KV cache");
+    sized.kv_cache_memory_bytes = *budget;
+  }
+  // The model's own context bound (CUDA: its RoPE table and buffers) caps max_model_len.
+  ModelConfig bounded = model->config();
+  if (loaded.max_model_len > 0 &&
+      (bounded.max_position_embeddings <= 0 || loaded.max_model_len < bounded.max_position_embeddings))
+    bounded.max_position_embeddings = loaded.max_model_len;
+  SIESTA_ASSIGN_OR_RETURN(EngineLimits limits, resolve_engine_limits(sized, bounded, layout));
   SIESTA_ASSIGN_OR_RETURN(KvCacheMemory kv, KvCacheMemory::allocate(*memory, layout, limits.num_kv_blocks));
   auto pool = std::make_unique<BlockPool>(limits.num_kv_blocks, limits.enable_prefix_caching);
   SchedulerOptions so;
@@ -92,7 +102,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options, std
   so.max_model_len = limits.max_model_len;
   so.vocab_size = limits.vocab_size;
   so.block_size = limits.block_size;
-  so.eos_token_ids = (*model)->config().eos_token_ids;
+  so.eos_token_ids = model->config().eos_token_ids;
   SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<Scheduler> scheduler, Scheduler::create(so, *pool));
   SIESTA_LOG_INFO("engine: {} KV blocks of {} tokens ({} bytes), max_model_len {}, max_num_seqs {}, "
                   "max_num_batched_tokens {}, prefix caching {}, sleep mode {}",
@@ -100,17 +110,15 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options, std
                   limits.max_num_seqs, limits.max_num_batched_tokens, limits.enable_prefix_caching ? "on" : "off",
                   options.enable_sleep_mode ? "on" : "off");
   SIESTA_LOG_INFO("engine: memory pool on {}: weights {}, KV cache {}, scratch {}", memory->backend().description(),
-                  memory::format_bytes((*model)->weights_bytes()), memory::format_bytes(kv.allocation().bytes),
-                  memory::format_bytes((*model)->scratch_bytes()));
+                  memory::format_bytes(loaded.weights_bytes), memory::format_bytes(kv.allocation().bytes),
+                  memory::format_bytes(loaded.scratch_bytes));
   if (connector) {
     // P/D: the connector registers the KV cache with its transfer engine.
     if (auto ok = connector->on_kv_cache_mapped(kv.export_for_transfer()); !ok)
       return ok.error().with_context("registering the KV cache for P/D transfers");
   }
-  CpuQwen3* cpu_model = model->get();
-  WeightsLoader load_weights = [cpu_model](const std::filesystem::path& dir) { return cpu_model->reload_weights(dir); };
-  return std::unique_ptr<Engine>(new Engine(options, limits, std::move(*tok), std::move(threads), std::move(memory),
-                                            std::move(*model), std::move(load_weights), std::move(kv),
+  return std::unique_ptr<Engine>(new Engine(sized, limits, std::move(*tok), std::move(threads), std::move(memory),
+                                            std::move(model), std::move(loaded.reload_weights), std::move(kv),
                                             std::move(pool), std::move(scheduler), std::move(connector)));
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "common/log.h"
 
 namespace siesta {
@@ -72,6 +74,47 @@ Result<EngineLimits> resolve_engine_limits(const EngineOptions& o, const ModelCo
                               " tokens, too few for one request; raise --kv-cache-memory-bytes");
   }
   return l;
+}
+
+const char* device_name(Device device) {
+  switch (device) {
+    case Device::kCpu: return "cpu";
+    case Device::kCuda: return "cuda";
+  }
+  return "unknown";
+}
+
+Result<Device> parse_device(std::string_view text) {
+  if (text == "cpu") return Device::kCpu;
+  if (text == "cuda") return Device::kCuda;
+  return invalid_argument("--device must be cpu or cuda, got '" + std::string(text) + "'");
+}
+
+Result<void> validate_gpu_memory_utilization(double u) {
+  if (!(u > 0.0 && u <= 1.0))
+    return invalid_argument("--gpu-memory-utilization must be in (0, 1] (a fraction of the device's memory, "
+                            "default 0.9), got " + std::to_string(u));
+  return {};
+}
+
+Result<uint64_t> kv_cache_bytes_for_utilization(double u, const memory::DeviceMemoryInfo& at_start,
+                                                const memory::DeviceMemoryInfo& now) {
+  SIESTA_TRY(validate_gpu_memory_utilization(u));
+  auto gib = [](uint64_t b) { return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1 << 30)); };
+  const uint64_t requested = static_cast<uint64_t>(u * static_cast<double>(at_start.total_bytes));
+  if (at_start.free_bytes < requested)
+    return out_of_memory(fmt::format(
+        "--gpu-memory-utilization {} asks for {} of the device's {}, but only {} was free at startup (other "
+        "processes hold the rest); lower --gpu-memory-utilization or set --kv-cache-memory-bytes",
+        u, gib(requested), gib(at_start.total_bytes), gib(at_start.free_bytes)));
+  const uint64_t taken = at_start.free_bytes > now.free_bytes ? at_start.free_bytes - now.free_bytes : 0;
+  if (taken >= requested)
+    return out_of_memory(fmt::format(
+        "the weights and activation buffers take {}, which leaves nothing for the KV cache within "
+        "--gpu-memory-utilization {} ({} of {}); raise --gpu-memory-utilization, lower --max-num-batched-tokens / "
+        "--max-num-seqs, or set --kv-cache-memory-bytes",
+        gib(taken), u, gib(requested), gib(at_start.total_bytes)));
+  return requested - taken;
 }
 
 }  // namespace siesta

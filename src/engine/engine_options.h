@@ -10,20 +10,37 @@
 // cache cannot hold that many tokens for one request, the default is lowered to
 // what fits (with a warning), while an explicit max_model_len that does not fit
 // is an error naming both numbers. A plain value; no threads involved.
+//
+// Device: the CPU engine (fp32 reference model, host memory pool) or the CUDA
+// engine (bf16 model, cuMem pool on device 0). On CUDA without an explicit KV
+// size, the KV cache gets what --gpu-memory-utilization leaves after the
+// weights and the activations (kv_cache_bytes_for_utilization).
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
+#include "memory/backend.h"
 #include "model/config.h"
 #include "model/forward.h"
 
 namespace siesta {
 
 inline constexpr uint64_t kDefaultCpuKvCacheBytes = uint64_t{4} << 30;
+inline constexpr double kDefaultGpuMemoryUtilization = 0.9;
+
+enum class Device : uint8_t {
+  kCpu = 0,   // CpuQwen3, host memory pool
+  kCuda = 1,  // CudaQwen3 on CUDA device 0, cuMem memory pool
+};
+
+const char* device_name(Device device);  // "cpu", "cuda"
+// "cpu" or "cuda"; anything else is kInvalidArgument naming both.
+Result<Device> parse_device(std::string_view text);
 
 struct EngineOptions {
   std::filesystem::path model_dir;
@@ -41,6 +58,16 @@ struct EngineOptions {
   // Requests that arrive while the engine is paused or asleep wait, up to this
   // many; beyond, submit answers kUnavailable (HTTP 503).
   int32_t max_held_requests = 1024;
+  Device device = Device::kCpu;
+  // --device cuda: the fraction of the device's total memory this engine may
+  // take (vLLM's --gpu-memory-utilization); the KV cache gets what it leaves
+  // after weights and activations. kv_cache_memory_bytes or num_kv_blocks,
+  // when set, take precedence.
+  double gpu_memory_utilization = kDefaultGpuMemoryUtilization;
+  // --device cuda: a request's tokens do not depend on what else is batched
+  // with it (fixed-order GEMMs; slower). The CPU model is batch-invariant
+  // always.
+  bool batch_invariant = false;
 };
 
 struct EngineLimits {
@@ -58,5 +85,17 @@ struct EngineLimits {
 // the option, its value and what would work.
 Result<EngineLimits> resolve_engine_limits(const EngineOptions& options, const ModelConfig& config,
                                            const KvCacheLayout& layout);
+
+// Checks --gpu-memory-utilization: in (0, 1].
+Result<void> validate_gpu_memory_utilization(double utilization);
+
+// The KV cache bytes --gpu-memory-utilization leaves, as vLLM computes them:
+// utilization x total device memory, minus what this engine took since its
+// CUDA context existed (`at_start`, measured before the model loaded; `now`,
+// after its weights and activation buffers). Other processes' memory is not
+// counted against it, but the device must have had that much free at start.
+// Errors name the numbers and the flag to change.
+Result<uint64_t> kv_cache_bytes_for_utilization(double utilization, const memory::DeviceMemoryInfo& at_start,
+                                                const memory::DeviceMemoryInfo& now);
 
 }  // namespace siesta

@@ -1,16 +1,22 @@
 #include "memory/cuda_backend.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "common/log.h"
+#include "common/thread_pool.h"
 #include "memory/cuda_driver.h"
+#include "memory/staged_copy.h"
 #include "memory/tag.h"
 
 namespace siesta::memory {
@@ -135,6 +141,91 @@ class PinnedBuffer final : public HostBuffer {
   size_t bytes_;
 };
 
+// Ordinary host memory for staged offloads: anonymous pages, first touched by
+// the copy threads (in parallel), with transparent huge pages asked for so
+// that faulting in and freeing tens of GiB stays cheap.
+class PageableBuffer final : public HostBuffer {
+ public:
+  PageableBuffer(void* data, size_t bytes) : data_(data), bytes_(bytes) {}
+  ~PageableBuffer() override { munmap(data_, bytes_); }
+  void* data() override { return data_; }
+  size_t bytes() const override { return bytes_; }
+
+ private:
+  void* data_;
+  size_t bytes_;
+};
+
+// The staging ring of OffloadMode::kStaged: pinned slots, one stream for the
+// DMA, one event per slot, and the host threads. Made at the first staged
+// copy, kept for the backend's life.
+class StagingResources final : public StagingDma {
+ public:
+  static Result<std::unique_ptr<StagingResources>> create(std::shared_ptr<const CudaDevice> dev,
+                                                          const CudaBackendOptions& options) {
+    auto r = std::unique_ptr<StagingResources>(new StagingResources(std::move(dev)));
+    const CudaDevice& d = *r->dev_;
+    SIESTA_TRY(d.make_current());
+    const size_t slots = std::max<size_t>(2, options.staging_slots);
+    const size_t slot_bytes = std::max<size_t>(size_t{1} << 20, options.staging_slot_bytes);
+    r->ring_.slot_bytes = slot_bytes;
+    for (size_t i = 0; i < slots; ++i) {
+      void* p = nullptr;
+      SIESTA_TRY(d.check(d.driver->cuMemHostAlloc(&p, slot_bytes, 0),
+                         fmt::format("cuMemHostAlloc of a {} pinned staging slot", format_bytes(slot_bytes))));
+      r->ring_.slots.push_back(p);
+      CUevent e = nullptr;
+      SIESTA_TRY(d.check(d.driver->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate"));
+      r->events_.push_back(e);
+    }
+    SIESTA_TRY(d.check(d.driver->cuStreamCreate(&r->stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate"));
+    const size_t cores = std::max(1u, std::thread::hardware_concurrency());
+    r->threads_ = std::make_unique<ThreadPool>(options.copy_threads ? options.copy_threads : std::min<size_t>(8, cores));
+    return r;
+  }
+
+  ~StagingResources() override {
+    if (!dev_->make_current()) return;
+    const CudaDriver& d = *dev_->driver;
+    if (stream_ != nullptr) {
+      // Nothing is in flight between calls; synchronising is only a safeguard.
+      for (CUevent e : events_) d.cuEventSynchronize(e);
+      d.cuStreamDestroy(stream_);
+    }
+    for (CUevent e : events_) d.cuEventDestroy(e);
+    for (void* p : ring_.slots) d.cuMemFreeHost(p);
+  }
+
+  Ok to_slot(size_t slot, const void* device_src, size_t bytes) override {
+    const CudaDriver& d = *dev_->driver;
+    SIESTA_TRY(dev_->check(d.cuMemcpyDtoHAsync(ring_.slots[slot], device_ptr(device_src), bytes, stream_),
+                           fmt::format("cuMemcpyDtoHAsync of {} into a staging slot", format_bytes(bytes))));
+    return dev_->check(d.cuEventRecord(events_[slot], stream_), "cuEventRecord");
+  }
+  Ok from_slot(size_t slot, void* device_dst, size_t bytes) override {
+    const CudaDriver& d = *dev_->driver;
+    SIESTA_TRY(dev_->check(d.cuMemcpyHtoDAsync(device_ptr(device_dst), ring_.slots[slot], bytes, stream_),
+                           fmt::format("cuMemcpyHtoDAsync of {} from a staging slot", format_bytes(bytes))));
+    return dev_->check(d.cuEventRecord(events_[slot], stream_), "cuEventRecord");
+  }
+  Ok wait(size_t slot) override {
+    return dev_->check(dev_->driver->cuEventSynchronize(events_[slot]), "cuEventSynchronize on a staging slot");
+  }
+
+  const StagingRing& ring() const { return ring_; }
+  ThreadPool& threads() { return *threads_; }
+  size_t pinned_bytes() const { return ring_.slots.size() * ring_.slot_bytes; }
+
+ private:
+  explicit StagingResources(std::shared_ptr<const CudaDevice> dev) : dev_(std::move(dev)) {}
+
+  std::shared_ptr<const CudaDevice> dev_;
+  StagingRing ring_;
+  std::vector<CUevent> events_;
+  CUstream stream_ = nullptr;
+  std::unique_ptr<ThreadPool> threads_;
+};
+
 class CudaImport final : public ImportedMapping {
  public:
   CudaImport(std::shared_ptr<const CudaDevice> dev, CUdeviceptr base, size_t bytes)
@@ -163,8 +254,12 @@ class CudaImport final : public ImportedMapping {
 class CudaBackend final : public MemoryBackend {
  public:
   CudaBackend(std::shared_ptr<const CudaDevice> dev, CUmemAllocationProp prop, size_t granularity,
-              std::string description)
-      : dev_(std::move(dev)), prop_(prop), granularity_(granularity), description_(std::move(description)) {}
+              std::string description, CudaBackendOptions options)
+      : dev_(std::move(dev)),
+        prop_(prop),
+        granularity_(granularity),
+        description_(std::move(description)),
+        options_(options) {}
 
   BackendKind kind() const override { return BackendKind::kCuda; }
   std::string description() const override { return description_; }
@@ -223,6 +318,17 @@ class CudaBackend final : public MemoryBackend {
   }
 
   Result<std::unique_ptr<HostBuffer>> allocate_host(size_t bytes) override {
+    if (options_.offload == OffloadMode::kStaged) {
+      const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+      const size_t rounded = (std::max<size_t>(bytes, 1) + page - 1) / page * page;
+      void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) {
+        return out_of_memory(fmt::format("allocating {} of host memory for an offload failed: {}",
+                                         format_bytes(bytes), std::strerror(errno)));
+      }
+      (void)madvise(p, rounded, MADV_HUGEPAGE);  // a hint; without THP the copy still works
+      return std::unique_ptr<HostBuffer>(std::make_unique<PageableBuffer>(p, rounded));
+    }
     SIESTA_TRY(dev_->make_current());
     void* p = nullptr;
     SIESTA_TRY(dev_->check(dev_->driver->cuMemHostAlloc(&p, bytes, 0),
@@ -232,12 +338,20 @@ class CudaBackend final : public MemoryBackend {
 
   Ok copy_to_host(void* host_dst, const void* src, size_t bytes) override {
     SIESTA_TRY(dev_->make_current());
+    if (options_.offload == OffloadMode::kStaged) {
+      SIESTA_ASSIGN_OR_RETURN(StagingResources * staging, staging_resources());
+      return staged_copy_to_host(*staging, staging->ring(), staging->threads(), host_dst, src, bytes);
+    }
     return dev_->check(dev_->driver->cuMemcpyDtoH(host_dst, device_ptr(src), bytes),
                        fmt::format("cuMemcpyDtoH of {}", format_bytes(bytes)));
   }
 
   Ok copy_from_host(void* dst, const void* host_src, size_t bytes) override {
     SIESTA_TRY(dev_->make_current());
+    if (options_.offload == OffloadMode::kStaged) {
+      SIESTA_ASSIGN_OR_RETURN(StagingResources * staging, staging_resources());
+      return staged_copy_from_host(*staging, staging->ring(), staging->threads(), dst, host_src, bytes);
+    }
     return dev_->check(dev_->driver->cuMemcpyHtoD(device_ptr(dst), host_src, bytes),
                        fmt::format("cuMemcpyHtoD of {}", format_bytes(bytes)));
   }
@@ -289,13 +403,34 @@ class CudaBackend final : public MemoryBackend {
  private:
   bool exportable() const { return prop_.requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR; }
 
+  Result<StagingResources*> staging_resources() {
+    if (!staging_) {
+      auto made = StagingResources::create(dev_, options_);
+      if (!made) return made.error().with_context("setting up the pinned staging ring for offload copies");
+      staging_ = std::move(*made);
+      SIESTA_LOG_DEBUG("memory: staging ring of {} pinned, {} copy threads", format_bytes(staging_->pinned_bytes()),
+                       staging_->threads().size());
+    }
+    return staging_.get();
+  }
+
   std::shared_ptr<const CudaDevice> dev_;
   CUmemAllocationProp prop_;
   size_t granularity_;
   std::string description_;
+  CudaBackendOptions options_;
+  std::unique_ptr<StagingResources> staging_;  // kStaged, from the first staged copy
 };
 
 }  // namespace
+
+const char* offload_mode_name(OffloadMode mode) {
+  switch (mode) {
+    case OffloadMode::kStaged: return "staged";
+    case OffloadMode::kPinned: return "pinned";
+  }
+  return "unknown";
+}
 
 Result<std::unique_ptr<MemoryBackend>> make_cuda_backend(CudaBackendOptions options) {
   SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<CudaDriver> driver, CudaDriver::load());
@@ -340,11 +475,16 @@ Result<std::unique_ptr<MemoryBackend>> make_cuda_backend(CudaBackendOptions opti
   size_t total = 0;
   d.cuDeviceTotalMem(&total, dev->device);
   std::string description = fmt::format(
-      "cuda device {} ({}, {}, driver {}.{}; granularity {}; {}; {})", options.device, name, format_bytes(total),
-      d.driver_version / 1000, d.driver_version % 1000 / 10, format_bytes(granularity),
-      posix_fd ? "POSIX-FD export" : "no POSIX-FD export", rdma ? "GPUDirect RDMA with VMM" : "no GPUDirect RDMA with VMM");
+      "cuda device {} ({}, {}, driver {}.{}; granularity {}; {}; {}; offload {})", options.device, name,
+      format_bytes(total), d.driver_version / 1000, d.driver_version % 1000 / 10, format_bytes(granularity),
+      posix_fd ? "POSIX-FD export" : "no POSIX-FD export", rdma ? "GPUDirect RDMA with VMM" : "no GPUDirect RDMA with VMM",
+      options.offload == OffloadMode::kStaged
+          ? fmt::format("staged through {} x {} pinned", std::max<size_t>(2, options.staging_slots),
+                        format_bytes(std::max<size_t>(size_t{1} << 20, options.staging_slot_bytes)))
+          : std::string("to pinned host memory"));
   if (!posix_fd) SIESTA_LOG_WARN("{}: memory cannot be exported to ipc peers", description);
-  return std::unique_ptr<MemoryBackend>(std::make_unique<CudaBackend>(dev, prop, granularity, std::move(description)));
+  return std::unique_ptr<MemoryBackend>(
+      std::make_unique<CudaBackend>(dev, prop, granularity, std::move(description), options));
 }
 
 }  // namespace siesta::memory

@@ -10,7 +10,17 @@
 //   release    cuMemUnmap, then cuMemRelease of every piece: the driver frees
 //              the memory once no exported FD and no importer's mapping remain
 //   export     cuMemExportToShareableHandle: one POSIX FD per piece
-//   offload    pinned host memory (cuMemHostAlloc), cuMemcpyDtoH / HtoD
+//   offload    (OffloadMode::kStaged, the default) ordinary host memory
+//              (anonymous mmap, transparent huge pages asked for), copied
+//              through a ring of pinned staging slots allocated once per
+//              backend (staged_copy.h): cuMemcpyDtoHAsync / HtoDAsync on the
+//              backend's own stream, the host side split over copy threads;
+//              (kPinned) pinned host memory of the allocation's size
+//              (cuMemHostAlloc) per offload, cuMemcpyDtoH / HtoD
+//
+// Why staged by default: on the H200 machine cuMemHostAlloc pins at ~2.1 GB/s
+// against ~55 GB/s for the copy, so a pinned offload of 64 GiB took 38 s, of
+// which 1.2 s was copying. bench/results/memory_cuda_offload.json compares both.
 //
 // The driver is loaded at run time (see cuda_driver.h), so binaries built with
 // CUDA start on machines without a GPU; make_cuda_backend then returns
@@ -19,6 +29,8 @@
 // call, so it may be driven from any one thread at a time.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "common/status.h"
@@ -26,8 +38,24 @@
 
 namespace siesta::memory {
 
+// Where offloaded contents (sleep level 1) go, and how they get there.
+enum class OffloadMode : uint8_t {
+  kStaged = 0,  // ordinary host memory, through a reusable pinned staging ring
+  kPinned = 1,  // pinned host memory allocated per offload, copied directly
+};
+
+const char* offload_mode_name(OffloadMode mode);  // "staged", "pinned"
+
 struct CudaBackendOptions {
   int device = 0;  // CUDA device ordinal (after CUDA_VISIBLE_DEVICES)
+  OffloadMode offload = OffloadMode::kStaged;
+  // The staging ring (kStaged): slots x slot bytes of pinned host memory,
+  // allocated at the first staged copy and kept for the backend's life.
+  size_t staging_slots = 4;
+  size_t staging_slot_bytes = size_t{32} << 20;
+  // Host threads that copy between the slots and host memory (and first
+  // touch fresh host memory); 0: min(8, cores).
+  size_t copy_threads = 0;
 };
 
 Result<std::unique_ptr<MemoryBackend>> make_cuda_backend(CudaBackendOptions options = {});

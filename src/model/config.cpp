@@ -276,4 +276,26 @@ json ModelConfig::to_json() const {
   };
 }
 
+std::string architecture_differences(const ModelConfig& loaded, const ModelConfig& next) {
+  std::string out;
+  auto field = [&](const char* name, auto a, auto b) {
+    if (a == b) return;
+    if (!out.empty()) out += ", ";
+    out += fmt::format("{} {} (loaded: {})", name, b, a);
+  };
+  field("model_type", loaded.model_type, next.model_type);
+  field("vocab_size", loaded.vocab_size, next.vocab_size);
+  field("hidden_size", loaded.hidden_size, next.hidden_size);
+  field("intermediate_size", loaded.intermediate_size, next.intermediate_size);
+  field("num_hidden_layers", loaded.num_layers, next.num_layers);
+  field("num_attention_heads", loaded.num_heads, next.num_heads);
+  field("num_key_value_heads", loaded.num_kv_heads, next.num_kv_heads);
+  field("head_dim", loaded.head_dim, next.head_dim);
+  field("tie_word_embeddings", loaded.tie_word_embeddings, next.tie_word_embeddings);
+  field("rms_norm_eps", loaded.rms_norm_eps, next.rms_norm_eps);
+  field("rope_theta", loaded.rope_theta, next.rope_theta);
+  field("dtype", loaded.dtype, next.dtype);
+  return out;
+}
+
 }  // namespace siesta

@@ -52,4 +52,8 @@ struct ModelConfig {
   bool operator==(const ModelConfig&) const = default;
 };
 
+// The fields an in-place weight update (reload_weights) must not change, as
+// "name NEXT (loaded: LOADED)" joined by ", "; empty when the shapes match.
+std::string architecture_differences(const ModelConfig& loaded, const ModelConfig& next);
+
 }  // namespace siesta

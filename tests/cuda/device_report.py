@@ -68,6 +68,30 @@ if b:
     for t in b.get("targets", []):
         rows.append((f"target: {t['name']}", f"{t['measured']:.3f}", f"{'met' if t['met'] else 'MISSED'} (target {t['target']})"))
 
+for name in ("memory_cuda_offload_staged.json", "memory_cuda_offload_pinned.json"):
+    m = load(name)
+    if not m:
+        continue
+    for r in m.get("results", []):
+        if "sleep_offload_ms" in r:
+            rows.append((f"offload {m.get('offload_mode')} {r['size_bytes'] / 2**30:.0f} GiB",
+                         f"sleep {r['sleep_offload_ms']:.0f} ms, wake {r['wake_restore_ms']:.0f} ms",
+                         f"limit {m['limit']['to_host_gb_per_s']:.1f}/{m['limit']['from_host_gb_per_s']:.1f} GB/s"))
+for shape in ("0.6b", "8b"):
+    e = load(f"engine_sleep_{shape}.json")
+    if not e:
+        continue
+    eng = e["engine"]
+    rows.append((f"engine {shape}: weights / KV / scratch",
+                 f"{eng['weights_bytes'] / 2**30:.2f} / {eng['kv_cache_bytes'] / 2**30:.2f} / "
+                 f"{eng['scratch_bytes'] / 2**30:.2f} GiB",
+                 f"device used awake {e['device_memory_awake']['used_bytes'] / 2**30:.2f} GiB"))
+    for level, v in sorted(e.get("summary", {}).items()):
+        asleep = [c["device_used_asleep_bytes"] for c in e["cycles"] if f"level_{c['level']}" == level]
+        rows.append((f"engine {shape} {level}", f"sleep {v['sleep_ms_median']:.0f} ms, wake {v['wake_ms_median']:.0f} ms",
+                     f"device used asleep {max(asleep) / 2**30:.2f} GiB" if asleep else ""))
+    rows.append((f"engine {shape} outputs after wake", "identical" if e["outputs_identical"] else "DIFFER", ""))
+
 w0 = max(len(r[0]) for r in rows)
 w1 = max(len(r[1]) for r in rows)
 print("\n" + "=" * (w0 + w1 + 40))

@@ -141,10 +141,52 @@ def make_model_tiny_generates():
     assert len(json.loads(a)["token_ids"]) == 8
 
 
+def gpu_present():
+    return os.path.exists("/dev/nvidiactl") or shutil.which("nvidia-smi") is not None
+
+
+def device_cuda_without_gpu_is_one_line_error():
+    if gpu_present():
+        return  # the GPU machine runs the CUDA engine instead (cuda_engine_test)
+    rc, _, err = run([SIESTA, "generate", "--model", MODEL, "--prompt", "hi", "--max-tokens", "2", "--device", "cuda"])
+    expect_clean_error(rc, err, "--device cuda")
+    rc, _, err = run([SIESTA, "serve", "--model", MODEL, "--port", "0", "--device", "cuda"], timeout=60)
+    expect_clean_error(rc, err, "--device cuda")
+
+
+def device_flags_are_checked():
+    gen = [SIESTA, "generate", "--model", MODEL, "--prompt", "hi", "--max-tokens", "2"]
+    rc, _, err = run(gen + ["--device", "tpu"])
+    expect_clean_error(rc, err, "--device")
+    assert rc == 2, f"a bad --device is a usage error (exit 2), got {rc}"
+    for bad in ("0", "1.5", "-0.2"):
+        rc, _, err = run(gen + ["--device", "cuda", "--gpu-memory-utilization", bad])
+        expect_clean_error(rc, err, "--gpu-memory-utilization")
+    rc, _, err = run(gen + ["--gpu-memory-utilization", "0.5"])
+    expect_clean_error(rc, err, "applies to --device cuda only")
+    rc, _, err = run([SIESTA, "serve", "--model", MODEL, "--port", "0", "--gpu-memory-utilization", "0.5"], timeout=60)
+    expect_clean_error(rc, err, "applies to --device cuda only")
+    rc, _, err = run(gen + ["--kv-cache-memory-bytes", "1K"])
+    expect_clean_error(rc, err, "--kv-cache-memory-bytes allows")
+    rc, _, err = run(gen + ["--kv-cache-memory-bytes", "lots"])
+    expect_clean_error(rc, err, "--kv-cache-memory-bytes")
+
+
+def cpu_flags_keep_the_cpu_output():
+    p = prompts[1]
+    base = [SIESTA, "generate", "--model", MODEL, "--prompt", p["text"], "--max-tokens", "12", "--ignore-eos", "--json"]
+    rc, a, err = run(base)
+    assert rc == 0, err
+    rc, b, err = run(base + ["--device", "cpu", "--batch-invariant", "--kv-cache-memory-bytes", "64M"])
+    assert rc == 0, err
+    assert json.loads(a) == json.loads(b)
+
+
 for fn in (tokenize_matches_hf, tokenize_reads_stdin, generate_matches_hf_greedy, generate_from_ids_equals_from_text,
            dump_logits_matches_hf, seeded_sampling_is_reproducible, corrupt_safetensors_is_one_line_error,
            config_missing_field_is_one_line_error, prompt_id_out_of_vocab_is_one_line_error,
-           missing_model_dir_is_one_line_error, make_model_tiny_generates):
+           missing_model_dir_is_one_line_error, make_model_tiny_generates, device_cuda_without_gpu_is_one_line_error,
+           device_flags_are_checked, cpu_flags_keep_the_cpu_output):
     checks.check(fn.__name__, fn)
 shutil.rmtree(tmp, ignore_errors=True)
 checks.finish()

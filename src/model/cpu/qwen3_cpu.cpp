@@ -58,30 +58,6 @@ std::vector<WeightSlot> weight_slots(const ModelConfig& cfg, Weights& w) {
   return specs;
 }
 
-// The config fields an in-place weight update must not change, with their
-// config.json names.
-std::string architecture_differences(const ModelConfig& loaded, const ModelConfig& next) {
-  std::string out;
-  auto field = [&](const char* name, auto a, auto b) {
-    if (a == b) return;
-    if (!out.empty()) out += ", ";
-    out += fmt::format("{} {} (loaded: {})", name, b, a);
-  };
-  field("model_type", loaded.model_type, next.model_type);
-  field("vocab_size", loaded.vocab_size, next.vocab_size);
-  field("hidden_size", loaded.hidden_size, next.hidden_size);
-  field("intermediate_size", loaded.intermediate_size, next.intermediate_size);
-  field("num_hidden_layers", loaded.num_layers, next.num_layers);
-  field("num_attention_heads", loaded.num_heads, next.num_heads);
-  field("num_key_value_heads", loaded.num_kv_heads, next.num_kv_heads);
-  field("head_dim", loaded.head_dim, next.head_dim);
-  field("tie_word_embeddings", loaded.tie_word_embeddings, next.tie_word_embeddings);
-  field("rms_norm_eps", loaded.rms_norm_eps, next.rms_norm_eps);
-  field("rope_theta", loaded.rope_theta, next.rope_theta);
-  field("dtype", loaded.dtype, next.dtype);
-  return out;
-}
-
 }  // namespace
 
 size_t weights_numel(const ModelConfig& cfg) {
@@ -180,7 +156,7 @@ Result<void> CpuQwen3::reload_weights(const std::filesystem::path& model_dir) {
                     "; wake it up (wake_up?tags=weights) first");
   auto next = ModelConfig::load(model_dir);
   if (!next) return next.error().with_context(where);
-  if (const std::string diff = cpu::architecture_differences(cfg_, *next); !diff.empty())
+  if (const std::string diff = architecture_differences(cfg_, *next); !diff.empty())
     return invalid_argument(where + ": the checkpoint has a different architecture (" + diff +
                             "); an in-place weight update needs the same shapes. Serve that model from a new "
                             "siesta serve instead");

@@ -14,6 +14,7 @@
 #include "model/cuda/cublaslt_gemm.h"
 #include "model/cuda/cuda_check.h"
 #include "model/cuda/kernels.h"
+#include "model/cuda/weight_upload.h"
 #include "model/safetensors.h"
 
 namespace siesta {
@@ -70,6 +71,77 @@ struct PassDevice {
   cuda::KvCacheDesc kv;
 };
 
+// Where each checkpoint tensor (and the RoPE tables) sits in the one weights
+// buffer. Depends only on the config, so a reload writes the same places.
+struct WeightSlot {
+  std::string name;
+  std::vector<int64_t> shape;
+  size_t offset;  // bytes from the buffer's start
+};
+struct LayerOffsets {
+  size_t qkv, o, gate_up, down, input_norm, post_norm, q_norm, k_norm;
+};
+struct WeightsLayout {
+  std::vector<WeightSlot> slots;
+  std::vector<LayerOffsets> layers;
+  size_t embed = 0, final_norm = 0, lm_head = 0, inv_freq = 0, rope = 0, bytes = 0;
+};
+
+WeightsLayout weights_layout(const ModelConfig& cfg, int max_model_len) {
+  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size;
+  const int64_t QD = cfg.q_dim(), KVD = cfg.kv_dim(), HD = cfg.head_dim;
+  WeightsLayout L;
+  size_t at = 0;
+  // Tensors that are concatenated (q|k|v, gate|up) sit back to back.
+  auto place = [&](const std::string& name, std::vector<int64_t> shape, bool pad = true) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    L.slots.push_back({name, std::move(shape), at});
+    const size_t off = at;
+    at += static_cast<size_t>(n) * sizeof(bf16);
+    if (pad) at = align_up(at, kAlign);
+    return off;
+  };
+  L.embed = place("model.embed_tokens.weight", {V, H});
+  L.layers.resize(cfg.num_layers);
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    LayerOffsets& lo = L.layers[l];
+    lo.qkv = place(p + "self_attn.q_proj.weight", {QD, H}, false);
+    place(p + "self_attn.k_proj.weight", {KVD, H}, false);
+    place(p + "self_attn.v_proj.weight", {KVD, H});
+    lo.o = place(p + "self_attn.o_proj.weight", {H, QD});
+    lo.gate_up = place(p + "mlp.gate_proj.weight", {I, H}, false);
+    place(p + "mlp.up_proj.weight", {I, H});
+    lo.down = place(p + "mlp.down_proj.weight", {H, I});
+    lo.input_norm = place(p + "input_layernorm.weight", {H});
+    lo.post_norm = place(p + "post_attention_layernorm.weight", {H});
+    lo.q_norm = place(p + "self_attn.q_norm.weight", {HD});
+    lo.k_norm = place(p + "self_attn.k_norm.weight", {HD});
+  }
+  L.final_norm = place("model.norm.weight", {H});
+  L.lm_head = cfg.tie_word_embeddings ? L.embed : place("lm_head.weight", {V, H});
+  L.inv_freq = at;
+  at = align_up(at + static_cast<size_t>(HD / 2) * sizeof(float), kAlign);
+  // cos/sin for every position up to max_model_len, computed once (kernels.h).
+  L.rope = at;
+  at = align_up(at + static_cast<size_t>(max_model_len) * (HD / 2) * sizeof(__nv_bfloat162), kAlign);
+  L.bytes = at;
+  return L;
+}
+
+// Every tensor of the layout from the store (shape and dtype checked), before
+// anything is written.
+Result<std::vector<TensorView>> checked_tensors(const WeightsLayout& L, const TensorStore& store) {
+  std::vector<TensorView> views;
+  views.reserve(L.slots.size());
+  for (const WeightSlot& slot : L.slots) {
+    SIESTA_ASSIGN_OR_RETURN(TensorView v, store.get(slot.name, slot.shape, {DType::kBF16, DType::kF16, DType::kF32}));
+    views.push_back(std::move(v));
+  }
+  return views;
+}
+
 }  // namespace
 
 bool cuda_device_available() {
@@ -84,7 +156,11 @@ bool cuda_device_available() {
 struct CudaQwen3::Impl {
   ModelConfig cfg;
   CudaModelOptions opt;
+  // Set when the model owns its allocator: declared before the buffers, so
+  // that it is destroyed after them.
+  std::unique_ptr<cuda::DeviceAllocator> owned_alloc;
   cuda::DeviceAllocator* alloc = nullptr;
+  std::unique_ptr<cuda::WeightUpload> weight_upload;  // pinned staging for checkpoint copies
   cudaStream_t stream = nullptr;
   cudaEvent_t meta_uploaded = nullptr;
 
@@ -140,6 +216,8 @@ struct CudaQwen3::Impl {
   cuda::LaunchConfig launch() const { return {stream, opt.programmatic_launch}; }
 
   Result<void> load_weights(const TensorStore& store);
+  // Writes checked tensors into the weights buffer and computes the RoPE tables.
+  Result<void> write_weights(const WeightsLayout& L, const std::vector<TensorView>& views);
   Result<void> init_buffers();
   Result<void> check_cache(const KvCacheView& kv) const;
   Result<PassDevice> upload(const cuda::StepPlan& plan, bool sample, std::span<const cuda::SamplingRow> rows,
@@ -157,64 +235,35 @@ struct CudaQwen3::Impl {
 };
 
 Result<void> CudaQwen3::Impl::load_weights(const TensorStore& store) {
-  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size;
-  const int64_t QD = cfg.q_dim(), KVD = cfg.kv_dim(), HD = cfg.head_dim;
-  struct Piece {
-    std::string name;
-    std::vector<int64_t> shape;
-    size_t offset;  // in the weights buffer, bytes
-  };
-  std::vector<Piece> pieces;
-  size_t at = 0;
-  // Tensors that are concatenated (q|k|v, gate|up) sit back to back.
-  auto place = [&](const std::string& name, std::vector<int64_t> shape, bool pad = true) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    pieces.push_back({name, std::move(shape), at});
-    const size_t off = at;
-    at += static_cast<size_t>(n) * sizeof(bf16);
-    if (pad) at = align_up(at, kAlign);
-    return off;
-  };
-  std::vector<size_t> layer_off;
-  const size_t embed_off = place("model.embed_tokens.weight", {V, H});
-  struct LayerOffsets {
-    size_t qkv, o, gate_up, down, input_norm, post_norm, q_norm, k_norm;
-  };
-  std::vector<LayerOffsets> lo(cfg.num_layers);
-  for (int l = 0; l < cfg.num_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    lo[l].qkv = place(p + "self_attn.q_proj.weight", {QD, H}, false);
-    place(p + "self_attn.k_proj.weight", {KVD, H}, false);
-    place(p + "self_attn.v_proj.weight", {KVD, H});
-    lo[l].o = place(p + "self_attn.o_proj.weight", {H, QD});
-    lo[l].gate_up = place(p + "mlp.gate_proj.weight", {I, H}, false);
-    place(p + "mlp.up_proj.weight", {I, H});
-    lo[l].down = place(p + "mlp.down_proj.weight", {H, I});
-    lo[l].input_norm = place(p + "input_layernorm.weight", {H});
-    lo[l].post_norm = place(p + "post_attention_layernorm.weight", {H});
-    lo[l].q_norm = place(p + "self_attn.q_norm.weight", {HD});
-    lo[l].k_norm = place(p + "self_attn.k_norm.weight", {HD});
-  }
-  const size_t final_norm_off = place("model.norm.weight", {H});
-  size_t lm_head_off = embed_off;
-  if (!cfg.tie_word_embeddings) lm_head_off = place("lm_head.weight", {V, H});
-  const size_t inv_freq_off = at;
-  at = align_up(at + static_cast<size_t>(HD / 2) * sizeof(float), kAlign);
-  // cos/sin for every position up to max_model_len, computed once (kernels.h).
-  const size_t rope_off = at;
-  at = align_up(at + static_cast<size_t>(opt.max_model_len) * (HD / 2) * sizeof(__nv_bfloat162), kAlign);
-
+  const WeightsLayout L = weights_layout(cfg, opt.max_model_len);
   // Check every tensor before allocating anything.
-  std::vector<TensorView> views;
-  for (const Piece& p : pieces) {
-    SIESTA_ASSIGN_OR_RETURN(TensorView v, store.get(p.name, p.shape, {DType::kBF16, DType::kF16, DType::kF32}));
-    views.push_back(std::move(v));
+  SIESTA_ASSIGN_OR_RETURN(std::vector<TensorView> views, checked_tensors(L, store));
+  SIESTA_ASSIGN_OR_RETURN(weights, cuda::DeviceBuffer::allocate(*alloc, L.bytes, cuda::DeviceMemoryTag::kWeights));
+  SIESTA_TRY(write_weights(L, views));
+
+  std::byte* base = weights.as<std::byte>();
+  auto ptr = [&](size_t off) { return reinterpret_cast<bf16*>(base + off); };
+  embed = ptr(L.embed);
+  final_norm = ptr(L.final_norm);
+  lm_head = ptr(L.lm_head);
+  inv_freq = reinterpret_cast<float*>(base + L.inv_freq);
+  rope_table = reinterpret_cast<__nv_bfloat162*>(base + L.rope);
+  layers.resize(cfg.num_layers);
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    const LayerOffsets& lo = L.layers[l];
+    layers[l] = {ptr(lo.qkv),        ptr(lo.o),         ptr(lo.gate_up), ptr(lo.down),
+                 ptr(lo.input_norm), ptr(lo.post_norm), ptr(lo.q_norm),  ptr(lo.k_norm)};
   }
-  SIESTA_ASSIGN_OR_RETURN(weights, cuda::DeviceBuffer::allocate(*alloc, at, cuda::DeviceMemoryTag::kWeights));
+  return {};
+}
+
+Result<void> CudaQwen3::Impl::write_weights(const WeightsLayout& L, const std::vector<TensorView>& views) {
+  if (!weight_upload) {
+    SIESTA_ASSIGN_OR_RETURN(weight_upload, cuda::WeightUpload::create());
+  }
   std::byte* base = weights.as<std::byte>();
   std::vector<uint16_t> converted;
-  for (size_t i = 0; i < pieces.size(); ++i) {
+  for (size_t i = 0; i < L.slots.size(); ++i) {
     const TensorView& v = views[i];
     const void* src = v.data;
     size_t bytes = v.nbytes;
@@ -226,33 +275,22 @@ Result<void> CudaQwen3::Impl::load_weights(const TensorStore& store) {
       src = converted.data();
       bytes = converted.size() * sizeof(uint16_t);
     }
-    SIESTA_CUDA_TRY(cudaMemcpy(base + pieces[i].offset, src, bytes, cudaMemcpyHostToDevice),
-                    ("copying " + v.name + " to the GPU").c_str());
+    if (auto ok = weight_upload->copy(base + L.slots[i].offset, src, bytes); !ok)
+      return ok.error().with_context("copying " + v.name + " to the GPU");
   }
   // As the CPU reference: inv_freq = 1 / theta^(2i / head_dim), in fp32.
+  const int HD = cfg.head_dim;
   std::vector<float> inv(static_cast<size_t>(HD / 2));
   for (size_t i = 0; i < inv.size(); ++i) {
     const float exponent = static_cast<float>(2 * i) / static_cast<float>(HD);
     inv[i] = static_cast<float>(1.0 / std::pow(cfg.rope_theta, static_cast<double>(exponent)));
   }
-  SIESTA_CUDA_TRY(cudaMemcpy(base + inv_freq_off, inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice),
+  SIESTA_CUDA_TRY(cudaMemcpy(base + L.inv_freq, inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice),
                   "copying RoPE frequencies to the GPU");
-  rope_table = reinterpret_cast<__nv_bfloat162*>(base + rope_off);
-  SIESTA_CUDA_TRY(cuda::launch_rope_table(reinterpret_cast<const float*>(base + inv_freq_off), static_cast<int>(HD),
-                                          opt.max_model_len, rope_table, cuda::LaunchConfig{}),
+  SIESTA_CUDA_TRY(cuda::launch_rope_table(reinterpret_cast<const float*>(base + L.inv_freq), HD, opt.max_model_len,
+                                          reinterpret_cast<__nv_bfloat162*>(base + L.rope), cuda::LaunchConfig{}),
                   "computing the RoPE table");
   SIESTA_CUDA_TRY(cudaDeviceSynchronize(), "computing the RoPE table");
-
-  auto ptr = [&](size_t off) { return reinterpret_cast<bf16*>(base + off); };
-  embed = ptr(embed_off);
-  final_norm = ptr(final_norm_off);
-  lm_head = ptr(lm_head_off);
-  inv_freq = reinterpret_cast<float*>(base + inv_freq_off);
-  layers.resize(cfg.num_layers);
-  for (int l = 0; l < cfg.num_layers; ++l) {
-    layers[l] = {ptr(lo[l].qkv),        ptr(lo[l].o),         ptr(lo[l].gate_up), ptr(lo[l].down),
-                 ptr(lo[l].input_norm), ptr(lo[l].post_norm), ptr(lo[l].q_norm),  ptr(lo[l].k_norm)};
-  }
   return {};
 }
 
@@ -600,6 +638,17 @@ Result<std::unique_ptr<CudaQwen3>> CudaQwen3::load(const std::filesystem::path& 
   return create(cfg, store, allocator, options);
 }
 
+Result<std::unique_ptr<CudaQwen3>> CudaQwen3::load(const std::filesystem::path& model_dir,
+                                                   std::unique_ptr<cuda::DeviceAllocator> allocator,
+                                                   const CudaModelOptions& options) {
+  if (!allocator) return invalid_argument("CUDA model: no device allocator given");
+  SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<CudaQwen3> model, load(model_dir, *allocator, options));
+  // The allocator moves into the model; every buffer it handed out is freed
+  // before it (Impl declares owned_alloc before the buffers).
+  model->impl_->owned_alloc = std::move(allocator);
+  return model;
+}
+
 Result<std::unique_ptr<CudaQwen3>> CudaQwen3::create(const ModelConfig& cfg, const TensorStore& store,
                                                      cuda::DeviceAllocator& allocator,
                                                      const CudaModelOptions& options) {
@@ -647,6 +696,28 @@ KvCacheLayout CudaQwen3::kv_layout() const { return impl_->layout(); }
 const CudaModelOptions& CudaQwen3::options() const { return impl_->opt; }
 size_t CudaQwen3::num_graphs() const { return impl_->graphs.size(); }
 size_t CudaQwen3::weight_bytes() const { return impl_->weights.bytes(); }
+size_t CudaQwen3::scratch_bytes() const { return impl_->scratch.bytes(); }
+
+Result<void> CudaQwen3::reload_weights(const std::filesystem::path& model_dir) {
+  Impl& m = *impl_;
+  const std::string where = "reload_weights from " + model_dir.string();
+  auto next = ModelConfig::load(model_dir);
+  if (!next) return next.error().with_context(where);
+  if (const std::string diff = architecture_differences(m.cfg, *next); !diff.empty())
+    return invalid_argument(where + ": the checkpoint has a different architecture (" + diff +
+                            "); an in-place weight update needs the same shapes. Serve that model from a new "
+                            "siesta serve instead");
+  auto store = TensorStore::open(model_dir);
+  if (!store) return store.error().with_context(where);
+  const WeightsLayout L = weights_layout(m.cfg, m.opt.max_model_len);
+  auto views = checked_tensors(L, *store);
+  if (!views) return views.error().with_context(where);
+  SIESTA_CUDA_TRY(cudaSetDevice(m.opt.device), "selecting the CUDA device");
+  // Nothing of the previous call may still read the weights.
+  SIESTA_CUDA_TRY(cudaStreamSynchronize(m.stream), "waiting for the model's stream before a weight reload");
+  if (auto ok = m.write_weights(L, *views); !ok) return ok.error().with_context(where);
+  return {};
+}
 std::vector<std::pair<std::string, double>> CudaQwen3::profile() const { return impl_->profile_ms; }
 void CudaQwen3::reset_profile() { impl_->profile_ms.clear(); }
 

@@ -1,7 +1,9 @@
 // CudaQwen3: Qwen3 in bf16 on one CUDA GPU, an implementation of Model.
 //
-//   cuda::CudaMallocAllocator alloc;                       // or the sleep-capable pool
+//   cuda::CudaMallocAllocator alloc;                       // or cuda::PoolDeviceAllocator(pool)
 //   SIESTA_ASSIGN_OR_RETURN(auto model, CudaQwen3::load(model_dir, alloc, options));
+//   // or CudaQwen3::load(model_dir, std::make_unique<cuda::PoolDeviceAllocator>(pool), options):
+//   // the model owns the allocator (the engine's way)
 //   SIESTA_ASSIGN_OR_RETURN(cuda::DeviceBuffer kv, model->allocate_kv_cache(num_blocks));
 //   KvCacheView view{kv.data(), num_blocks, model->kv_layout()};   // bf16, elem_bytes 2
 //   model->forward(batch, view, out);                      // logits on the host (fp32 holding bf16 values)
@@ -20,6 +22,15 @@
 // weights / kv_cache / scratch, and is held at a fixed address for the
 // model's life: decode steps (every sequence with one new token) replay CUDA
 // graphs captured per padded batch size, which bake those addresses in.
+//
+// Sleep (with cuda::PoolDeviceAllocator): the pool may release and re-map the
+// weights and the scratch underneath the model between calls, at the same
+// addresses; the graphs and the cuBLASLt plans stay valid (nothing is
+// re-captured). Weights woken after a release hold zeros until
+// reload_weights writes a checkpoint into them again (the RoPE table, which
+// lives with the weights, is recomputed then). Scratch holds nothing from one
+// call to the next, so it may come back zero-filled. While released, the
+// model must not be called.
 //
 // A batch larger than options.max_batch_tokens or options.max_seqs is run as
 // several passes (long prompts in chunks); the result is the same call.
@@ -85,6 +96,10 @@ class CudaQwen3 final : public Model {
   static Result<std::unique_ptr<CudaQwen3>> load(const std::filesystem::path& model_dir,
                                                  cuda::DeviceAllocator& allocator,
                                                  const CudaModelOptions& options = {});
+  // As above, the model owning its allocator (destroyed after the model's buffers).
+  static Result<std::unique_ptr<CudaQwen3>> load(const std::filesystem::path& model_dir,
+                                                 std::unique_ptr<cuda::DeviceAllocator> allocator,
+                                                 const CudaModelOptions& options = {});
   static Result<std::unique_ptr<CudaQwen3>> create(const ModelConfig& cfg, const TensorStore& store,
                                                    cuda::DeviceAllocator& allocator,
                                                    const CudaModelOptions& options = {});
@@ -106,6 +121,14 @@ class CudaQwen3 final : public Model {
   // A KV cache of num_blocks blocks from the model's allocator (tag kv_cache).
   Result<cuda::DeviceBuffer> allocate_kv_cache(int num_blocks);
 
+  // Reads the tensors of `model_dir` into the weights in place (same
+  // addresses, so graphs stay valid) and recomputes the RoPE table: after a
+  // sleep that released the weights, or for an in-place weight update. The
+  // checkpoint must have this model's architecture (kInvalidArgument listing
+  // what differs) and every tensor is checked before anything is written; the
+  // weights memory must be mapped (the caller's pool is awake for `weights`).
+  Result<void> reload_weights(const std::filesystem::path& model_dir);
+
   const CudaModelOptions& options() const;
   // With options.profile: milliseconds per kernel group since the last reset,
   // in order of first appearance ("qkv", "attention_decode", "lm_head", ...).
@@ -113,6 +136,7 @@ class CudaQwen3 final : public Model {
   void reset_profile();
   size_t num_graphs() const;  // decode graphs captured so far
   size_t weight_bytes() const;
+  size_t scratch_bytes() const;
 
   struct Impl;
 

@@ -1,0 +1,62 @@
+#include "cli/device_flags.h"
+
+#include <cctype>
+#include <exception>
+
+namespace siesta::cli {
+
+void DeviceFlags::add_to(CLI::App& cmd) {
+  cmd.add_option("--device", device, "Where the model runs: cpu (fp32 reference) or cuda (bf16, GPU 0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  utilization_option = cmd.add_option("--gpu-memory-utilization", gpu_memory_utilization,
+                                      "--device cuda: fraction of the GPU's memory to use; the KV cache gets what "
+                                      "weights and activations leave")
+                           ->capture_default_str();
+  kv_bytes_option = cmd.add_option("--kv-cache-memory-bytes", kv_cache_memory,
+                                   "KV cache size in bytes (K, M, G suffixes: powers of 1024); takes precedence over "
+                                   "--gpu-memory-utilization (CPU default 4G)");
+  cmd.add_flag("--batch-invariant", batch_invariant,
+               "--device cuda: a request's tokens do not depend on what else is batched with it (slower); the CPU "
+               "model always is");
+}
+
+Result<void> DeviceFlags::apply(EngineOptions& options) const {
+  SIESTA_ASSIGN_OR_RETURN(options.device, parse_device(device));
+  SIESTA_TRY(validate_gpu_memory_utilization(gpu_memory_utilization));
+  if (options.device == Device::kCpu && utilization_option != nullptr && utilization_option->count() > 0)
+    return invalid_argument("--gpu-memory-utilization applies to --device cuda only; on the CPU size the KV cache "
+                            "with --kv-cache-memory-bytes");
+  options.gpu_memory_utilization = gpu_memory_utilization;
+  if (!kv_cache_memory.empty()) {
+    SIESTA_ASSIGN_OR_RETURN(uint64_t bytes, parse_byte_count("--kv-cache-memory-bytes", kv_cache_memory));
+    options.kv_cache_memory_bytes = bytes;
+  }
+  options.batch_invariant = batch_invariant;
+  return {};
+}
+
+Result<uint64_t> parse_byte_count(const std::string& flag, const std::string& text) {
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    return invalid_argument(flag + ": expected a byte count such as 4294967296 or 4G, got '" + text + "'");
+  }
+  std::string unit = text.substr(pos);
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (unit.size() > 1 && unit.back() == 'B') unit.pop_back();
+  if (unit.size() > 1 && unit.back() == 'I') unit.pop_back();
+  double scale = 1;
+  if (unit == "K") scale = 1024.0;
+  else if (unit == "M") scale = 1024.0 * 1024;
+  else if (unit == "G") scale = 1024.0 * 1024 * 1024;
+  else if (unit == "T") scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (!unit.empty() && unit != "B")
+    return invalid_argument(flag + ": unknown unit '" + text.substr(pos) + "' (use K, M, G or T)");
+  if (!(v > 0)) return invalid_argument(flag + " must be positive, got '" + text + "'");
+  return static_cast<uint64_t>(v * scale);
+}
+
+}  // namespace siesta::cli

@@ -1,0 +1,50 @@
+#include "engine/engine_model.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "common/log.h"
+#include "common/thread_pool.h"
+#include "memory/cuda_backend.h"
+#include "memory/host_backend.h"
+#include "model/cpu/qwen3_cpu.h"
+
+namespace siesta {
+
+Result<std::unique_ptr<memory::MemoryBackend>> make_engine_backend(Device device) {
+  if (device == Device::kCpu) {
+    auto backend = memory::make_host_backend();
+    if (!backend) return backend.error().with_context("creating the host memory pool");
+    return std::move(*backend);
+  }
+  auto backend = memory::make_cuda_backend({.device = 0});
+  if (!backend) return backend.error().with_context("--device cuda");
+  return std::move(*backend);
+}
+
+Result<EngineModel> load_engine_model(const EngineOptions& options, ThreadPool& threads) {
+  SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<memory::MemoryBackend> backend, make_engine_backend(options.device));
+  auto pool = std::make_unique<memory::MemoryPool>(std::move(backend));
+  if (options.device == Device::kCuda) return load_cuda_engine_model(options, std::move(pool));
+
+  auto cpu = CpuQwen3::load(options.model_dir, threads, *pool, std::max(0, options.max_num_batched_tokens));
+  if (!cpu) return cpu.error().with_context("loading the model from " + options.model_dir.string());
+  EngineModel m;
+  m.memory = std::move(pool);
+  CpuQwen3* model = cpu->get();
+  m.weights_bytes = model->weights_bytes();
+  m.scratch_bytes = model->scratch_bytes();
+  m.reload_weights = [model](const std::filesystem::path& dir) { return model->reload_weights(dir); };
+  m.model = std::move(*cpu);
+  return m;
+}
+
+Result<uint64_t> kv_cache_budget(const EngineOptions& options, const EngineModel& model) {
+  if (options.kv_cache_memory_bytes) return *options.kv_cache_memory_bytes;
+  if (options.device == Device::kCpu || !model.device_at_start || !model.device_after_load)
+    return kDefaultCpuKvCacheBytes;
+  return kv_cache_bytes_for_utilization(options.gpu_memory_utilization, *model.device_at_start,
+                                        *model.device_after_load);
+}
+
+}  // namespace siesta
