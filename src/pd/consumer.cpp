@@ -100,7 +100,7 @@ void Consumer::fail(Load& l, const std::string& why) {
   }
   if (!l.producer_told) {
     l.producer_told = true;
-    post_release(l.id, l.source, l.prompt);
+    post_release(l.id, l.source);
   }
   ctx_.kick();
 }
@@ -167,7 +167,7 @@ void Consumer::start_load(const RequestId& id, const RemoteKvTarget& target) {
     transition(l, LoadEvent::kKvInPlace, "every block in the prefix cache");
     ctx_.metrics.load_done(0, seconds_since(l.started));
     l.producer_told = true;
-    post_release(l.id, l.source, l.prompt);
+    post_release(l.id, l.source, /*consumed=*/true);
     return;
   }
   if (l.source.mode == TransferMode::kWrite)
@@ -182,7 +182,7 @@ void Consumer::on_skipped(const RequestId& id) {
   auto it = loads_.find(id);
   if (it == loads_.end()) return;
   ctx_.metrics.recomputed();
-  post_release(id, it->second.source, it->second.prompt);
+  post_release(id, it->second.source);
   loads_.erase(it);
 }
 
@@ -193,7 +193,7 @@ void Consumer::on_aborted(const RequestId& id) {
   Load& l = it->second;
   if (l.state == LoadState::kPending) {
     // No blocks yet, so no hold.
-    post_release(id, l.source, l.prompt);
+    post_release(id, l.source);
     loads_.erase(it);
     return;
   }
@@ -215,7 +215,7 @@ void Consumer::on_dropped(const EngineRequest& r) {
   if (!source) return;
   if (source->mode == TransferMode::kWrite) source->choice = r.choice_index;
   std::lock_guard<std::mutex> lock(mu_);
-  post_release(r.id, *source, PromptCheck{});
+  post_release(r.id, *source);
 }
 
 void Consumer::collect(ConnectorUpdates& updates) {
@@ -437,13 +437,15 @@ void Consumer::run_read_confirm(const RequestId& id) {
   ctx_.kick();
 }
 
-void Consumer::post_release(const RequestId& id, const Source& source, const PromptCheck& /*prompt*/) {
+void Consumer::post_release(const RequestId& id, const Source& source, bool consumed) {
   PdContext* ctx = &ctx_;
-  ctx_.tasks.post([this, ctx, id, source] {
+  ctx_.tasks.post([this, ctx, id, source, consumed] {
     const Deadline deadline = Clock::now() + ctx->config.message_timeout;
     if (source.mode == TransferMode::kRead) {
-      auto r = send_pd_message(ctx->transfers, source.producer_address, encode(ReadDone{source.producer_request}),
-                               deadline);
+      // We never write into the producer: nothing to wait for in its answer.
+      std::string payload = consumed ? encode(ReadDone{source.producer_request})
+                                     : encode(CancelRequest{"", 0, source.producer_request});
+      auto r = send_pd_message(ctx->transfers, source.producer_address, std::move(payload), deadline);
       if (!r) SIESTA_LOG_DEBUG("pd: releasing {} at {}: {}", source.producer_request, source.producer_address,
                                r.error().message);
       return;

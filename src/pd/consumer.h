@@ -110,10 +110,11 @@ class Consumer {
   void transition(Load& l, LoadEvent event, const std::string& detail = {});
   void fail(Load& l, const std::string& why);
   bool quiet(const Load& l, Clock::time_point now) const;
-  // Tells the producer the consumer needs nothing more (cancel in WRITE
-  // mode, read_done in READ mode), on a task; updates producer_may_write
-  // from the answer if the load is still known.
-  void post_release(const RequestId& id, const Source& source, const PromptCheck& prompt);
+  // Tells the producer, on a task, that the consumer needs nothing more from
+  // it: read_done when the KV was in place without a read (READ mode, the
+  // prefix cache held it all), cancel otherwise. A cancel's answer updates
+  // producer_may_write if the load is still known.
+  void post_release(const RequestId& id, const Source& source, bool consumed = false);
   void run_write_start(const RequestId& id);
   void run_read_start(const RequestId& id);
   void run_read_confirm(const RequestId& id);

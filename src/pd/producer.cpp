@@ -198,6 +198,7 @@ void Producer::collect(ConnectorUpdates& updates) {
       continue;
     }
     if (s.hold_taken) updates.releasable_holds.push_back(send_hold_owner(s.id));
+    SIESTA_LOG_DEBUG("pd: send {} forgotten ({}hold given back)", s.id, s.hold_taken ? "" : "no ");
     if (!s.key.empty() && by_key_.count(s.key) && by_key_[s.key] == s.id) by_key_.erase(s.key);
     it = sends_.erase(it);
   }

@@ -1,0 +1,190 @@
+// The P/D connector's state machines (send states of a producer, load states
+// of a consumer: each table in full), its protocol messages, and how a
+// request's blocks become transfer entries.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <utility>
+
+#include "pd/kv_blocks.h"
+#include "pd/load_state.h"
+#include "pd/pd_messages.h"
+#include "pd/send_state.h"
+
+namespace siesta::pd {
+namespace {
+
+constexpr SendState W = SendState::kWaiting;
+constexpr SendState R = SendState::kReady;
+constexpr SendState D = SendState::kDone;
+
+TEST(SendState, TheWholeTable) {
+  // (from, event) -> to; every pair not listed is refused.
+  const std::map<std::pair<SendState, SendEvent>, SendState> allowed = {
+      {{W, SendEvent::kPrefilled}, R}, {{W, SendEvent::kFailed}, D},  {{W, SendEvent::kAborted}, D},
+      {{W, SendEvent::kReleased}, D},  {{R, SendEvent::kSent}, D},    {{R, SendEvent::kFailed}, D},
+      {{R, SendEvent::kAborted}, D},   {{R, SendEvent::kExpired}, D}, {{R, SendEvent::kReleased}, D},
+  };
+  for (SendState from : {W, R, D}) {
+    for (SendEvent e : {SendEvent::kPrefilled, SendEvent::kSent, SendEvent::kFailed, SendEvent::kAborted,
+                        SendEvent::kExpired, SendEvent::kReleased}) {
+      auto next = next_send_state(from, e);
+      auto it = allowed.find({from, e});
+      if (it == allowed.end()) {
+        ASSERT_FALSE(next) << send_state_name(from) << " + " << send_event_name(e);
+        EXPECT_EQ(next.error().code, ErrorCode::kConflict);
+        EXPECT_NE(next.error().message.find(send_state_name(from)), std::string::npos);
+      } else {
+        ASSERT_TRUE(next) << send_state_name(from) << " + " << send_event_name(e);
+        EXPECT_EQ(*next, it->second);
+      }
+    }
+  }
+}
+
+TEST(SendState, AWaitingSendCannotBeSentOrExpireAndDoneIsFinal) {
+  // The hold deadline starts at READY: a send still prefilling does not expire.
+  EXPECT_FALSE(next_send_state(W, SendEvent::kExpired));
+  EXPECT_FALSE(next_send_state(W, SendEvent::kSent));
+  EXPECT_FALSE(next_send_state(R, SendEvent::kPrefilled));
+  EXPECT_FALSE(next_send_state(D, SendEvent::kAborted));
+  EXPECT_STREQ(send_state_name(R), "READY");
+  EXPECT_NE(std::string(send_end_reason(SendEvent::kExpired)).find("expired"), std::string::npos);
+}
+
+TEST(LoadState, TheWholeTable) {
+  using S = LoadState;
+  using E = LoadEvent;
+  const std::map<std::pair<S, E>, S> allowed = {
+      {{S::kPending, E::kAllocated}, S::kStarting},      {{S::kStarting, E::kAccepted}, S::kAwaitingWrite},
+      {{S::kStarting, E::kReadStarted}, S::kReading},    {{S::kStarting, E::kKvInPlace}, S::kLoaded},
+      {{S::kAwaitingWrite, E::kKvInPlace}, S::kLoaded},  {{S::kReading, E::kReadDone}, S::kConfirming},
+      {{S::kConfirming, E::kKvInPlace}, S::kLoaded},
+  };
+  for (S from : {S::kPending, S::kStarting, S::kAwaitingWrite, S::kReading, S::kConfirming, S::kLoaded, S::kFailed}) {
+    for (E e : {E::kAllocated, E::kAccepted, E::kReadStarted, E::kReadDone, E::kKvInPlace, E::kFailed}) {
+      auto next = next_load_state(from, e);
+      S expected = from;
+      bool ok = false;
+      if (auto it = allowed.find({from, e}); it != allowed.end()) {
+        expected = it->second;
+        ok = true;
+      } else if (e == E::kFailed && !load_ended(from)) {
+        expected = S::kFailed;  // every unfinished load can fail
+        ok = true;
+      }
+      ASSERT_EQ(bool(next), ok) << load_state_name(from) << " + " << load_event_name(e);
+      if (ok) {
+        EXPECT_EQ(*next, expected);
+      }
+    }
+  }
+  EXPECT_TRUE(load_ended(S::kLoaded));
+  EXPECT_TRUE(load_ended(S::kFailed));
+  EXPECT_FALSE(load_ended(S::kConfirming));
+}
+
+TEST(PdMessages, EachMessageRoundTrips) {
+  WriteRequest w;
+  w.x_request_id = "req-1";
+  w.choice = 2;
+  w.consumer_request = "cmpl-9-2";
+  w.consumer_engine = "decode-0";
+  w.consumer_address = "127.0.0.1:4000";
+  w.region = 18446744073709551615ull;  // 64-bit values survive JSON
+  w.epoch = 7;
+  w.first_block = 1;
+  w.blocks = {5, 6, 9};
+  w.prompt = PromptCheck{40, 0xfedcba9876543210ull, "layers=4", 65536};
+  w.deadline_unix_ms = 1'800'000'000'000;
+  auto m = decode_message(encode(w));
+  ASSERT_TRUE(m) << m.error().message;
+  const auto& back = std::get<WriteRequest>(*m);
+  EXPECT_EQ(back.x_request_id, "req-1");
+  EXPECT_EQ(back.choice, 2);
+  EXPECT_EQ(back.consumer_request, "cmpl-9-2");
+  EXPECT_EQ(back.consumer_address, "127.0.0.1:4000");
+  EXPECT_EQ(back.region, w.region);
+  EXPECT_EQ(back.epoch, 7u);
+  EXPECT_EQ(back.first_block, 1);
+  EXPECT_EQ(back.blocks, w.blocks);
+  EXPECT_EQ(back.prompt, w.prompt);
+  EXPECT_EQ(back.deadline_unix_ms, w.deadline_unix_ms);
+
+  auto c = decode_message(encode(CancelRequest{"req-1", 0, ""}));
+  ASSERT_TRUE(c);
+  EXPECT_EQ(std::get<CancelRequest>(*c).x_request_id, "req-1");
+  auto s = decode_message(encode(ReadStart{"cmpl-1-0", 2, 3, w.prompt}));
+  ASSERT_TRUE(s);
+  EXPECT_EQ(std::get<ReadStart>(*s).num_blocks, 3);
+  auto d = decode_message(encode(ReadDone{"cmpl-1-0"}));
+  ASSERT_TRUE(d);
+  EXPECT_EQ(std::get<ReadDone>(*d).producer_request, "cmpl-1-0");
+  auto f = decode_message(encode(LoadFailed{"cmpl-9-2", "aborted"}));
+  ASSERT_TRUE(f);
+  EXPECT_EQ(std::get<LoadFailed>(*f).reason, "aborted");
+  auto n = decode_written(encode(Written{"cmpl-9-2", 196608}));
+  ASSERT_TRUE(n);
+  EXPECT_EQ(n->bytes, 196608u);
+}
+
+TEST(PdMessages, BadMessagesAreRefusedWithoutThrowing) {
+  for (const char* bad : {"", "{", "[]", R"({"v": 1})", R"({"v": 2, "op": "read_done", "producer_request": "x"})",
+                          R"({"v": 1, "op": "launch"})", R"({"v": 1, "op": "read_done", "producer_request": 5})",
+                          R"({"v": 1, "op": "cancel", "x_request_id": "", "choice": 0, "producer_request": ""})",
+                          R"({"v": 1, "op": "read_start", "producer_request": "x", "first_block": -1,
+                              "num_blocks": 1, "prompt": {}})"}) {
+    auto m = decode_message(bad);
+    EXPECT_FALSE(m) << bad;
+    if (!m) {
+      EXPECT_EQ(m.error().code, ErrorCode::kCorrupt) << bad;
+    }
+  }
+  EXPECT_FALSE(decode_written(encode(ReadDone{"x"})));
+}
+
+TEST(PdMessages, RepliesSayOkOrWhy) {
+  auto ok = decode_reply(encode_ok({{"held", true}, {"epoch", "12"}}));
+  ASSERT_TRUE(ok);
+  EXPECT_TRUE(ok->ok);
+  EXPECT_TRUE(*reply_bool(*ok, "held"));
+  EXPECT_EQ(*reply_u64(*ok, "epoch"), 12u);
+  EXPECT_FALSE(reply_bool(*ok, "writing"));
+  auto no = decode_reply(encode_refusal("request r expired"));
+  ASSERT_TRUE(no);
+  EXPECT_FALSE(no->ok);
+  EXPECT_EQ(no->reason, "request r expired");
+  EXPECT_FALSE(decode_reply("not json"));
+}
+
+TEST(PdMessages, ThePromptHashSeesEveryToken) {
+  EXPECT_EQ(prompt_hash({1, 2, 3}), prompt_hash({1, 2, 3}));
+  EXPECT_NE(prompt_hash({1, 2, 3}), prompt_hash({1, 2, 4}));
+  EXPECT_NE(prompt_hash({1, 2, 3}), prompt_hash({1, 2, 3, 0}));
+  EXPECT_NE(prompt_hash({256}), prompt_hash({1}));
+}
+
+TEST(KvBlocks, RunsConsecutiveOnBothSidesBecomeOneEntry) {
+  const transfer::RegionId local{1}, remote{9};
+  auto e = block_entries(local, std::vector<int32_t>{3, 4, 5, 9, 10}, remote, std::vector<int32_t>{7, 8, 2, 3, 4}, 100);
+  ASSERT_TRUE(e) << e.error().message;
+  // 3,4 -> 7,8 (one run); 5 -> 2 (remote jumps back); 9,10 -> 3,4 (local jumps).
+  ASSERT_EQ(e->size(), 3u);
+  EXPECT_EQ((*e)[0].local_offset, 300u);
+  EXPECT_EQ((*e)[0].remote_offset, 700u);
+  EXPECT_EQ((*e)[0].bytes, 200u);
+  EXPECT_EQ((*e)[1].local_offset, 500u);
+  EXPECT_EQ((*e)[1].remote_offset, 200u);
+  EXPECT_EQ((*e)[1].bytes, 100u);
+  EXPECT_EQ((*e)[2].local_offset, 900u);
+  EXPECT_EQ((*e)[2].remote_offset, 300u);
+  EXPECT_EQ((*e)[2].bytes, 200u);
+  EXPECT_EQ((*e)[2].local_region, local);
+  EXPECT_EQ((*e)[2].remote_region, remote);
+  EXPECT_FALSE(block_entries(local, std::vector<int32_t>{1, 2}, remote, std::vector<int32_t>{1}, 100));
+  EXPECT_FALSE(block_entries(local, std::vector<int32_t>{}, remote, std::vector<int32_t>{}, 100));
+  EXPECT_FALSE(block_entries(local, std::vector<int32_t>{-1}, remote, std::vector<int32_t>{1}, 100));
+}
+
+}  // namespace
+}  // namespace siesta::pd
