@@ -4,7 +4,7 @@
 //   engine_sleep_bench --model DIR [--device cuda|cpu] [--levels 1,2] [--repeat 3]
 //                      [--prompts 8] [--max-tokens 32] [--gpu-memory-utilization 0.9]
 //                      [--kv-cache-memory-bytes N] [--batch-invariant] [--shape NAME]
-//                      [--out FILE.json] [--commit SHA]
+//                      [--out FILE.json] [--commit SHA] [--log-level info]
 //
 // One engine (sleep mode on, prefix caching off so every run computes the
 // same chunks) serves a fixed greedy prompt set; that output is the baseline.
@@ -54,6 +54,7 @@ constexpr uint64_t kGiB = uint64_t{1} << 30;
 struct Options {
   std::string model, out, commit, shape, kv_bytes;
   std::string device = "cuda";
+  std::string log_level = "warn";
   std::vector<int> levels = {1, 2};
   int repeat = 3;
   int prompts = 8;
@@ -67,7 +68,7 @@ struct Options {
                "engine_sleep_bench: %s\n"
                "usage: engine_sleep_bench --model DIR [--device cuda|cpu] [--levels 1,2] [--repeat N] [--prompts N] "
                "[--max-tokens N] [--gpu-memory-utilization F] [--kv-cache-memory-bytes N] [--batch-invariant] "
-               "[--shape NAME] [--out FILE.json] [--commit SHA]\n",
+               "[--shape NAME] [--out FILE.json] [--commit SHA] [--log-level LEVEL]\n",
                why.c_str());
   std::exit(2);
 }
@@ -95,6 +96,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--shape") o.shape = next();
     else if (a == "--out") o.out = next();
     else if (a == "--commit") o.commit = next();
+    else if (a == "--log-level") o.log_level = next();
     else usage("unknown argument " + a);
   }
   if (o.model.empty()) usage("--model is required");
@@ -265,7 +267,7 @@ struct Cycle {
 
 int main(int argc, char** argv) {
   const Options opt = parse(argc, argv);
-  init_logging("warn");
+  init_logging(opt.log_level);
   EngineOptions eo;
   eo.model_dir = opt.model;
   eo.device = check(parse_device(opt.device), "--device");

@@ -3,7 +3,7 @@
 //   memory_bench --backend host|cuda [--out bench/results/memory_<backend>.json]
 //                [--sizes 256M,1G,4G] [--layouts single,2M,256M] [--repeat 3]
 //                [--offload-layouts single] [--copy-bytes 1G] [--device 0] [--commit SHA]
-//                [--offload-mode staged|pinned]
+//                [--offload-mode staged|pinned] [--copy-threads N]
 //
 // For each region size and physical layout (one allocation, or chunks of 2 MiB
 // or 256 MiB) one pool allocation tagged `weights` is measured:
@@ -66,6 +66,7 @@ struct Options {
   int device = 0;
   std::string commit;
   memory::OffloadMode offload = memory::OffloadMode::kStaged;
+  size_t copy_threads = 0;  // staged: host copy threads (0: the backend's default)
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -73,7 +74,7 @@ struct Options {
                "memory_bench: %s\n"
                "usage: memory_bench --backend host|cuda [--out FILE.json] [--sizes 256M,1G,4G] "
                "[--layouts single,2M,256M] [--offload-layouts single] [--repeat N] [--copy-bytes 1G] [--device N] "
-               "[--commit SHA] [--offload-mode staged|pinned]\n",
+               "[--commit SHA] [--offload-mode staged|pinned] [--copy-threads N]\n",
                why.c_str());
   std::exit(2);
 }
@@ -120,6 +121,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--copy-bytes") o.copy_bytes = parse_size(next());
     else if (a == "--device") o.device = std::atoi(next().c_str());
     else if (a == "--commit") o.commit = next();
+    else if (a == "--copy-threads") o.copy_threads = static_cast<size_t>(std::max(0, std::atoi(next().c_str())));
     else if (a == "--offload-mode") {
       const std::string m = next();
       if (m == "staged") o.offload = memory::OffloadMode::kStaged;
@@ -265,7 +267,7 @@ int main(int argc, char** argv) {
   init_logging("warn");
   const bool cuda = opt.backend == "cuda";
   std::unique_ptr<MemoryBackend> backend =
-      cuda ? check(make_cuda_backend({.device = opt.device, .offload = opt.offload}), "CUDA backend") : check(make_host_backend(), "host backend");
+      cuda ? check(make_cuda_backend({.device = opt.device, .offload = opt.offload, .copy_threads = opt.copy_threads}), "CUDA backend") : check(make_host_backend(), "host backend");
   const std::string description = backend->description();
   MemoryPool pool(std::move(backend));
   MemoryGauge gauge{&pool, cuda};
@@ -373,6 +375,7 @@ int main(int argc, char** argv) {
         {"backend", opt.backend},
         {"backend_description", description},
         {"offload_mode", cuda ? offload_mode_name(opt.offload) : "memcpy"},
+        {"copy_threads", opt.copy_threads},
         {"machine", machine()},
         {"date", utc_now()},
         {"commit", commit.empty() ? "unknown" : commit},

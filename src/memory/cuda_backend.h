@@ -54,7 +54,8 @@ struct CudaBackendOptions {
   size_t staging_slots = 4;
   size_t staging_slot_bytes = size_t{32} << 20;
   // Host threads that copy between the slots and host memory (and first
-  // touch fresh host memory); 0: min(8, cores).
+  // touch fresh host memory); 0: min(8, cores) (16 measured no faster on the
+  // 16-core H200 machine: bench/results/memory_cuda_offload_threads.json).
   size_t copy_threads = 0;
 };
 

@@ -68,13 +68,15 @@ if b:
     for t in b.get("targets", []):
         rows.append((f"target: {t['name']}", f"{t['measured']:.3f}", f"{'met' if t['met'] else 'MISSED'} (target {t['target']})"))
 
-for name in ("memory_cuda_offload_staged.json", "memory_cuda_offload_pinned.json"):
+for name in ("memory_cuda_offload_staged.json", "memory_cuda_offload_staged_8threads.json",
+             "memory_cuda_offload_pinned.json"):
     m = load(name)
     if not m:
         continue
     for r in m.get("results", []):
         if "sleep_offload_ms" in r:
-            rows.append((f"offload {m.get('offload_mode')} {r['size_bytes'] / 2**30:.0f} GiB",
+            threads = f" {m['copy_threads']} threads" if m.get("copy_threads") else ""
+            rows.append((f"offload {m.get('offload_mode')}{threads} {r['size_bytes'] / 2**30:.0f} GiB",
                          f"sleep {r['sleep_offload_ms']:.0f} ms, wake {r['wake_restore_ms']:.0f} ms",
                          f"limit {m['limit']['to_host_gb_per_s']:.1f}/{m['limit']['from_host_gb_per_s']:.1f} GB/s"))
 for shape in ("0.6b", "8b"):
