@@ -7,8 +7,8 @@
 // a handful of requests through the proxy (streamed, greedy and seeded
 // sampling, a shared prefix, a chat request), sends each again to the
 // colocated engine, and prints one table: per request the TTFT through the
-// proxy, tokens generated, the KV bytes D loaded from P and the transfer time
-// (D's /metrics before and after; requests run one at a time), and whether
+// proxy, tokens generated, the KV bytes moved between P and D and the transfer
+// time (P's and D's /metrics before and after; requests run one at a time), and whether
 // the output equals the colocated engine's. Exit code 0 only when every
 // request succeeded with an identical output.
 //
@@ -216,12 +216,18 @@ struct TransferCounters {
   double seconds = 0;
 };
 
-Result<TransferCounters> transfer_counters(const std::string& url, std::chrono::seconds timeout) {
-  SIESTA_ASSIGN_OR_RETURN(HttpClient c, HttpClient::create(url, timeout));
-  SIESTA_ASSIGN_OR_RETURN(HttpReply r, c.get("/metrics"));
-  if (r.status != 200) return io_error(fmt::format("{}/metrics answered {}", url, r.status));
-  return TransferCounters{metric_sum(r.body, "siesta:kv_transfer_bytes_total"),
-                          metric_sum(r.body, "siesta:kv_transfer_seconds_total")};
+// KV moved by transfers P and D started (P writes in write mode, D reads in
+// read mode), from both engines' /metrics.
+Result<TransferCounters> transfer_counters(const std::vector<std::string>& urls, std::chrono::seconds timeout) {
+  TransferCounters total;
+  for (const std::string& url : urls) {
+    SIESTA_ASSIGN_OR_RETURN(HttpClient c, HttpClient::create(url, timeout));
+    SIESTA_ASSIGN_OR_RETURN(HttpReply r, c.get("/metrics"));
+    if (r.status != 200) return io_error(fmt::format("{}/metrics answered {}", url, r.status));
+    total.bytes += metric_sum(r.body, "siesta:kv_transfer_bytes_total");
+    total.seconds += metric_sum(r.body, "siesta:kv_transfer_seconds_sum");
+  }
+  return total;
 }
 
 std::string chunk_text(const json& chunk) {
@@ -252,11 +258,11 @@ std::string error_of(const HttpReply& r) {
   return fmt::format("HTTP {}: {}", r.status, r.body.substr(0, 200));
 }
 
-DemoResult run_one(const DemoRequest& req, const std::string& proxy, const std::string& decode,
+DemoResult run_one(const DemoRequest& req, const std::string& proxy, const std::vector<std::string>& engines,
                    const std::string& colocated, std::chrono::seconds timeout) {
   DemoResult out;
   out.name = req.name;
-  auto before = transfer_counters(decode, timeout);
+  auto before = transfer_counters(engines, timeout);
 
   auto client = HttpClient::create(proxy, timeout);
   if (!client) {
@@ -298,7 +304,7 @@ DemoResult run_one(const DemoRequest& req, const std::string& proxy, const std::
   out.ttft_ms = std::chrono::duration<double, std::milli>((first ? *first : t1) - t0).count();
   out.total_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
 
-  auto after = transfer_counters(decode, timeout);
+  auto after = transfer_counters(engines, timeout);
   if (before && after) {
     out.kv_bytes = after->bytes - before->bytes;
     out.transfer_ms = (after->seconds - before->seconds) * 1e3;
@@ -403,7 +409,7 @@ Result<bool> run_demo(const DemoFlags& f) {
 
     std::vector<DemoResult> results;
     for (const DemoRequest& req : demo_requests(f.max_tokens)) {
-      results.push_back(run_one(req, x_url, d_url, c_url, timeout));
+      results.push_back(run_one(req, x_url, {p_url, d_url}, c_url, timeout));
     }
     all_good = std::all_of(results.begin(), results.end(), [](const DemoResult& r) { return r.ok && r.equal; });
 
