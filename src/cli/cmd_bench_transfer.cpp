@@ -31,6 +31,7 @@ struct Flags {
   std::string ucx_transports = "tcp";
   std::string ucx_net_devices = "lo";
   bool ucx_peer_error_handling = true;
+  std::string ucx_staging = "auto";
   int cuda_device = 0;
   bool json = false;
   bool serve_peer = false;
@@ -60,6 +61,7 @@ int run(const Flags& f) {
   o.ucx_transports = f.ucx_transports;
   o.ucx_net_devices = f.ucx_net_devices;
   o.ucx_peer_error_handling = f.ucx_peer_error_handling;
+  o.ucx_staging = f.ucx_staging;
   o.cuda_device = f.cuda_device;
   o.peer_argv = {"/proc/self/exe", "bench", "transfer", "--serve-peer"};
   auto report = transfer::run_transfer_bench(o);
@@ -81,8 +83,10 @@ int run(const Flags& f) {
     }
     std::cout << "]" << std::endl;
   } else {
-    std::cout << fmt::format("transfer bench: backend {}, {} memory, {} of {} entries per transfer\nlimit: {}\n",
-                             f.backend, f.memory, f.op, f.batch, report->limit);
+    std::cout << fmt::format("transfer bench: backend {}, {} memory{}, {} of {} entries per transfer\nlimit: {}\n",
+                             f.backend, f.memory,
+                             f.backend == "ucx" && f.ucx_staging != "auto" ? ", staging " + f.ucx_staging : "", f.op,
+                             f.batch, report->limit);
     std::cout << fmt::format("{:>8} {:>6} {:>10} {:>10} {:>7} {:>10} {:>10} {:>8}\n", "size", "iters", "GB/s", "limit",
                              "of lim", "p50 us", "p99 us", "verified");
     for (const auto& r : report->rows) {
@@ -115,6 +119,11 @@ void add_bench_transfer_command(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_flag("!--no-ucx-peer-errors", f->ucx_peer_error_handling,
                 "UCX endpoints without peer error handling (UCX 1.13 shared memory needs this)");
+  cmd->add_option("--ucx-staging", f->ucx_staging,
+                  "auto: CUDA memory through pinned host staging when UCX cannot register it; always: every region "
+                  "(host memory too); never (ucx)")
+      ->check(CLI::IsMember({"auto", "always", "never"}))
+      ->capture_default_str();
   cmd->add_option("--cuda-device", f->cuda_device, "CUDA device for --memory cuda")->capture_default_str();
   cmd->add_flag("--json", f->json, "Print a JSON list instead of the table");
   cmd->add_flag("--serve-peer", f->serve_peer, "Run as the benchmark's peer process (started by the benchmark)")

@@ -20,7 +20,8 @@
 //
 // Why staged by default: on the H200 machine cuMemHostAlloc pins at ~2.1 GB/s
 // against ~55 GB/s for the copy, so a pinned offload of 64 GiB took 38 s, of
-// which 1.2 s was copying. bench/results/memory_cuda_offload.json compares both.
+// which 1.2 s was copying. bench/results/memory_cuda_offload_{staged,pinned}.json
+// compare both.
 //
 // The driver is loaded at run time (see cuda_driver.h), so binaries built with
 // CUDA start on machines without a GPU; make_cuda_backend then returns

@@ -34,6 +34,7 @@ using namespace std::chrono_literals;
 constexpr const char* kPeerEnv = "SIESTA_TRANSFER_BENCH_PEER";
 constexpr auto kStartWait = std::chrono::seconds(120);
 constexpr auto kStepWait = std::chrono::seconds(120);
+constexpr size_t kRounds = 10;
 
 TransferConfig engine_config(const TransferBenchOptions& o, const std::string& id) {
   TransferConfig c;
@@ -42,6 +43,7 @@ TransferConfig engine_config(const TransferBenchOptions& o, const std::string& i
   c.ucx_transports = o.ucx_transports;
   c.ucx_net_devices = o.ucx_net_devices;
   c.ucx_peer_error_handling = o.ucx_peer_error_handling;
+  c.ucx_staging = o.ucx_staging;
   c.cuda_device = o.cuda_device;
   return c;
 }
@@ -52,9 +54,9 @@ ucx::UcxOptions ucx_options(const TransferBenchOptions& o) {
 
 // The peer's options, as key=value pairs separated by ';'.
 std::string encode_peer_options(const TransferBenchOptions& o, size_t region_bytes) {
-  return fmt::format("backend={};memory={};region={};tls={};devices={};peer_errors={};cuda={}", o.backend,
+  return fmt::format("backend={};memory={};region={};tls={};devices={};peer_errors={};staging={};cuda={}", o.backend,
                      memory_kind_name(o.memory), region_bytes, o.ucx_transports, o.ucx_net_devices,
-                     o.ucx_peer_error_handling ? 1 : 0, o.cuda_device);
+                     o.ucx_peer_error_handling ? 1 : 0, o.ucx_staging, o.cuda_device);
 }
 
 Result<std::pair<TransferBenchOptions, size_t>> decode_peer_options(const std::string& text) {
@@ -71,6 +73,7 @@ Result<std::pair<TransferBenchOptions, size_t>> decode_peer_options(const std::s
   o.ucx_transports = kv["tls"];
   o.ucx_net_devices = kv["devices"];
   o.ucx_peer_error_handling = kv["peer_errors"] != "0";
+  o.ucx_staging = kv["staging"];
   o.cuda_device = std::atoi(kv["cuda"].c_str());
   size_t region = std::strtoull(kv["region"].c_str(), nullptr, 10);
   if (o.backend.empty() || region == 0) return invalid_argument(fmt::format("malformed {}: '{}'", kPeerEnv, text));
@@ -163,7 +166,8 @@ double percentile(std::vector<double> v, double p) {
 
 std::string limit_description(const TransferBenchOptions& o) {
   if (o.backend == "ucx")
-    return fmt::format("raw UCX put loop (ucp_put_nbx + flush, transports {}), same bytes", o.ucx_transports);
+    return fmt::format("raw UCX put loop (ucp_put_nbx + flush, transports {}){}, same bytes", o.ucx_transports,
+                       o.memory == MemoryKind::kCuda ? " between host buffers" : "");
   return o.memory == MemoryKind::kCuda ? "cudaMemcpy device-to-device in one process, same bytes"
                                        : "memcpy in one process, one thread, same bytes";
 }
@@ -211,6 +215,7 @@ int serve_transfer_bench_peer() {
   auto region = (*engine)->register_region((*memory)->spec());
   if (!region) return fail(region.error());
   std::unique_ptr<ucx::UcxPutTarget> target;
+  std::unique_ptr<BenchMemory> target_memory;  // the put loop's host memory when the region is CUDA memory
   BenchMemory* mem = memory->get();
   std::mutex mu;
   (*engine)->set_message_handler([&](const PeerMessage& m) -> Result<std::string> {
@@ -233,7 +238,12 @@ int serve_transfer_bench_peer() {
     }
     if (cmd == "put-target") {
       if (!target) {
-        SIESTA_ASSIGN_OR_RETURN(target, ucx::UcxPutTarget::create(ucx_options(o), mem->base(), mem->bytes()));
+        BenchMemory* host = mem;
+        if (mem->kind() != MemoryKind::kHost) {
+          SIESTA_ASSIGN_OR_RETURN(target_memory, BenchMemory::create(MemoryKind::kHost, mem->bytes(), 0));
+          host = target_memory.get();
+        }
+        SIESTA_ASSIGN_OR_RETURN(target, ucx::UcxPutTarget::create(ucx_options(o), host->base(), host->bytes()));
       }
       return target->descriptor();
     }
@@ -257,9 +267,14 @@ Result<TransferBenchReport> run_transfer_bench(const TransferBenchOptions& o) {
   size_t region_bytes = (largest * o.batch + page - 1) / page * page;
   bool write = o.op == XferOp::kWrite;
 
+  // Local memory first: without a GPU, --memory cuda fails here, before a peer starts.
+  auto made = BenchMemory::create(o.memory, region_bytes, o.cuda_device);
+  if (!made)
+    return made.error().with_context(fmt::format("--memory {}: {} bytes for the benchmark", memory_kind_name(o.memory),
+                                                 region_bytes));
+  std::unique_ptr<BenchMemory> local = std::move(*made);
   SIESTA_ASSIGN_OR_RETURN(auto peer, spawn_peer(o, region_bytes));
   SIESTA_ASSIGN_OR_RETURN(auto engine, TransferEngine::create(engine_config(o, fmt::format("bench-initiator-{}", getpid()))));
-  SIESTA_ASSIGN_OR_RETURN(auto local, BenchMemory::create(o.memory, region_bytes, o.cuda_device));
   SIESTA_ASSIGN_OR_RETURN(RegionId local_id, engine->register_region(local->spec()));
   SIESTA_ASSIGN_OR_RETURN(std::string peer_id, engine->connect(peer->address, Clock::now() + kStartWait));
   auto ask = [&](const std::string& cmd) -> Result<std::string> {
@@ -275,7 +290,12 @@ Result<TransferBenchReport> run_transfer_bench(const TransferBenchOptions& o) {
   std::unique_ptr<ucx::UcxPutProbe> probe;
   if (o.backend == "ucx") {
     SIESTA_ASSIGN_OR_RETURN(std::string descriptor, ask("put-target"));
-    SIESTA_ASSIGN_OR_RETURN(probe, ucx::UcxPutProbe::connect(ucx_options(o), descriptor, local->base(), region_bytes,
+    char* from = local->base();
+    if (o.memory != MemoryKind::kHost) {
+      SIESTA_ASSIGN_OR_RETURN(limit_src, BenchMemory::create(MemoryKind::kHost, region_bytes, 0));
+      from = limit_src->base();
+    }
+    SIESTA_ASSIGN_OR_RETURN(probe, ucx::UcxPutProbe::connect(ucx_options(o), descriptor, from, region_bytes,
                                                              Clock::now() + kStartWait));
   } else {
     SIESTA_ASSIGN_OR_RETURN(limit_src, BenchMemory::create(o.memory, region_bytes, o.cuda_device));
@@ -288,7 +308,7 @@ Result<TransferBenchReport> run_transfer_bench(const TransferBenchOptions& o) {
   for (size_t si = 0; si < o.sizes.size(); ++si) {
     size_t size = o.sizes[si];
     size_t per_xfer = size * o.batch;
-    size_t iters = o.iterations != 0 ? o.iterations : std::clamp<size_t>((size_t{512} << 20) / per_xfer, 5, 500);
+    size_t iters = o.iterations != 0 ? o.iterations : std::clamp<size_t>((size_t{512} << 20) / per_xfer, 5, 2000);
     std::vector<XferEntry> entries;
     for (size_t i = 0; i < o.batch; ++i) entries.push_back({local_id, i * size, remote, i * size, size});
     // Fresh content per entry on the source, another on the destination, so
@@ -307,15 +327,6 @@ Result<TransferBenchReport> run_transfer_bench(const TransferBenchOptions& o) {
       if (st.failed()) return st.why;
       return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
     };
-    for (int w = 0; w < 2; ++w) SIESTA_TRY(one_transfer());
-    std::vector<double> latencies;
-    auto start = Clock::now();
-    for (size_t i = 0; i < iters; ++i) {
-      SIESTA_ASSIGN_OR_RETURN(double us, one_transfer());
-      latencies.push_back(us);
-    }
-    double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-
     auto limit_once = [&]() -> Ok {
       if (probe) return probe->put_batch(size, o.batch, Clock::now() + kStepWait);
       if (o.memory == MemoryKind::kHost) {
@@ -328,10 +339,25 @@ Result<TransferBenchReport> run_transfer_bench(const TransferBenchOptions& o) {
         pieces.push_back({limit_dst->base() + i * size, limit_src->base() + i * size, size});
       return ipc::cuda_copy(pieces, o.cuda_device);
     };
+    for (int w = 0; w < 2; ++w) SIESTA_TRY(one_transfer());
     for (int w = 0; w < 2; ++w) SIESTA_TRY(limit_once());
-    auto limit_start = Clock::now();
-    for (size_t i = 0; i < iters; ++i) SIESTA_TRY(limit_once());
-    double limit_seconds = std::chrono::duration<double>(Clock::now() - limit_start).count();
+    // The engine and its limit take turns in rounds, so that load from
+    // elsewhere on the machine falls on both alike.
+    size_t rounds = std::min<size_t>(kRounds, iters);
+    std::vector<double> latencies;
+    double seconds = 0, limit_seconds = 0;
+    for (size_t r = 0; r < rounds; ++r) {
+      size_t n = iters * (r + 1) / rounds - iters * r / rounds;
+      auto start = Clock::now();
+      for (size_t i = 0; i < n; ++i) {
+        SIESTA_ASSIGN_OR_RETURN(double us, one_transfer());
+        latencies.push_back(us);
+      }
+      seconds += std::chrono::duration<double>(Clock::now() - start).count();
+      auto limit_start = Clock::now();
+      for (size_t i = 0; i < n; ++i) SIESTA_TRY(limit_once());
+      limit_seconds += std::chrono::duration<double>(Clock::now() - limit_start).count();
+    }
 
     bool verified = true;
     for (size_t i = 0; i < o.batch && verified; ++i) {

@@ -5,11 +5,14 @@
 // options.peer_argv, its options passed in the environment variable
 // SIESTA_TRANSFER_BENCH_PEER) registers the target region. For each entry
 // size, transfers of `batch` entries of that size run one at a time, each
-// timed from submit() to done; then the limit runs over the same bytes the
-// same number of times (memcpy for ipc host memory, cudaMemcpy
-// device-to-device for ipc CUDA memory, a raw UCX put loop for ucx); then
-// every transferred byte is verified (both sides hash each entry, and the
-// hash must be that of the source's pattern).
+// timed from submit() to done, and the limit moves the same bytes the same
+// number of times (memcpy for ipc host memory, cudaMemcpy device-to-device
+// for ipc CUDA memory, a raw UCX put loop for ucx: between the host regions
+// themselves, or between host buffers of the same size when the regions are
+// CUDA memory, whose staging aims at that rate). The two take turns in ten
+// rounds, so load from elsewhere on a shared machine falls on both alike.
+// Then every transferred byte is verified (both sides hash each entry, and
+// the hash must be that of the source's pattern).
 //
 // A program that can be the peer calls serve_transfer_bench_peer() when
 // transfer_bench_peer_requested() (the CLI: `bench transfer --serve-peer`).
@@ -34,6 +37,7 @@ struct TransferBenchOptions {
   std::string ucx_transports = "tcp";
   std::string ucx_net_devices = "lo";
   bool ucx_peer_error_handling = true;
+  std::string ucx_staging = "auto";  // TransferConfig::ucx_staging of both processes
   int cuda_device = 0;
   // The peer process: an executable and its arguments (argv[0] first).
   std::vector<std::string> peer_argv;

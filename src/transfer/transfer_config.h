@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -37,6 +38,15 @@ struct TransferConfig {
   // lack it: set false to use them (a peer on this host is then watched
   // through its pid; a hung peer fails at the transfer's deadline).
   bool ucx_peer_error_handling = true;
+  // ucx: which regions move through pinned host staging. "auto": CUDA regions
+  // when the installed UCX cannot register CUDA memory; "always": every region
+  // (host memory too: how tests cover the path); "never": refuse such CUDA
+  // regions. Staging memory is two pools (our transfers, peers' requests) of
+  // ucx_staging_chunks chunks of ucx_staging_chunk_bytes each, made when the
+  // first staged region is registered.
+  std::string ucx_staging = "auto";
+  size_t ucx_staging_chunk_bytes = size_t{4} << 20;
+  size_t ucx_staging_chunks = 8;
 };
 
 }  // namespace siesta::transfer

@@ -59,6 +59,35 @@ TEST(TransferBench, UcxOverTcpAgainstTheRawPutLoop) {
   expect_rows(run_transfer_bench(o), {4096, 256u << 10}, 2);
 }
 
+// Host memory through the staging path that CUDA memory takes where UCX
+// cannot register it: every byte verified, writes and reads.
+TEST(TransferBench, UcxStagedOverTcpVerifiesEveryByte) {
+  TransferBenchOptions o = options("ucx", {4096, 1u << 20, 6u << 20}, 2);
+  o.ucx_staging = "always";
+  expect_rows(run_transfer_bench(o), {4096, 1u << 20, 6u << 20}, 2);
+  o.op = XferOp::kRead;
+  expect_rows(run_transfer_bench(o), {4096, 1u << 20, 6u << 20}, 2);
+}
+
+// CUDA memory over ucx: staged where this UCX has no CUDA support. Without a
+// GPU the benchmark refuses at once and says why.
+TEST(TransferBench, UcxCudaMemoryOrAClearRefusal) {
+  TransferBenchOptions o = options("ucx", {4096, 1u << 20, 16u << 20}, 3);
+  o.memory = MemoryKind::kCuda;
+  auto probe = BenchMemory::create(MemoryKind::kCuda, 1u << 20, 0);
+  if (!probe) {
+    auto report = run_transfer_bench(o);
+    ASSERT_FALSE(report);
+    EXPECT_NE(report.error().message.find("--memory cuda"), std::string::npos) << report.error().message;
+    EXPECT_NE(report.error().message.find("CUDA"), std::string::npos) << report.error().message;
+    return;
+  }
+  probe->reset();
+  expect_rows(run_transfer_bench(o), {4096, 1u << 20, 16u << 20}, 3);
+  o.op = XferOp::kRead;
+  expect_rows(run_transfer_bench(o), {4096, 1u << 20, 16u << 20}, 3);
+}
+
 // Runs where a GPU is (the device machine); skipped elsewhere.
 TEST(TransferBench, IpcCudaMemoryBetweenTwoProcesses) {
   auto probe = BenchMemory::create(MemoryKind::kCuda, 1u << 20, 0);

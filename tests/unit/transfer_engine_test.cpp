@@ -43,15 +43,23 @@ struct BackendCase {
   const char* transports;
   const char* devices;
   bool peer_error_handling;
+  const char* ucx_staging = "auto";
 };
 
 // UCX 1.13's shared-memory transports have no peer error handling: that case
-// runs without it (the peer's exit is then seen through its pid).
+// runs without it (the peer's exit is then seen through its pid). The staged
+// cases move host memory through the ucx backend's staging path (what CUDA
+// memory takes where UCX cannot register it) with chunks small enough that
+// entries span several and a batch waits for free ones.
 const BackendCase kCases[] = {
     {"ipc", "ipc", "", "", true},
     {"ucx_tcp", "ucx", "tcp", "lo", true},
     {"ucx_sm", "ucx", "sm,self", "", false},
+    {"ucx_tcp_staged", "ucx", "tcp", "lo", true, "always"},
+    {"ucx_sm_staged", "ucx", "sm,self", "", false, "always"},
 };
+constexpr size_t kStagingChunkBytes = 16u << 10;
+constexpr size_t kStagingChunks = 4;
 
 void PrintTo(const BackendCase& c, std::ostream* os) { *os << c.name; }
 
@@ -68,6 +76,9 @@ TransferConfig config_for(const BackendCase& c, const std::string& engine_id) {
   cfg.ucx_transports = c.transports;
   cfg.ucx_net_devices = c.devices;
   cfg.ucx_peer_error_handling = c.peer_error_handling;
+  cfg.ucx_staging = c.ucx_staging;
+  cfg.ucx_staging_chunk_bytes = kStagingChunkBytes;
+  cfg.ucx_staging_chunks = kStagingChunks;
   cfg.side_channel.host = "127.0.0.1";
   cfg.side_channel.port = 0;
   cfg.invalidate_drain_timeout = 2000ms;

@@ -13,9 +13,15 @@
 // are ucp_put_nbx / ucp_get_nbx, checked against the peer's region table
 // (one GET before and one after), WRITEs flushed before they count as done.
 //
-// GPU memory: registered directly when UCX reports CUDA support; this build
-// has no pinned staging path, so without it CUDA regions are refused with a
-// message that says what to use instead.
+// GPU memory: registered directly when UCX reports CUDA support. Otherwise
+// a CUDA region is staged: it gets no rkey (its blob says so), and bytes move
+// through bounded pools of pinned host chunks, copied with cudaMemcpyAsync and
+// pipelined with the wire: pieces of our staged regions go through our
+// initiator pool (ucx_peer.h), pieces of a peer's staged region are served by
+// the peer's progress thread over active messages through its target pool
+// (staged_target.h). TransferConfig::ucx_staging "always" stages host
+// regions too (how CI tests the path); "never" refuses CUDA regions that UCX
+// cannot register.
 //
 // supports_sleep(): yes: ucp_mem_unmap at deregistration, ucp_mem_map again
 // at registration; peers unpack the new rkeys after their next handshake.
@@ -24,8 +30,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "transfer/process_identity.h"
@@ -39,8 +48,30 @@ struct TransferConfig;
 
 namespace siesta::transfer::ucx {
 
+class StagedTarget;
+class StagingPool;
 class UcxPeer;
+struct StagedPiece;
 struct UcxXfer;
+
+// When regions go through host staging (TransferConfig::ucx_staging).
+enum class StagingMode {
+  kAuto,    // CUDA regions when this UCX cannot register CUDA memory
+  kAlways,  // every region (host memory too: tests)
+  kNever,   // none: such CUDA regions are refused
+};
+Result<StagingMode> parse_staging_mode(const std::string& text);
+
+// What a region's RegionDesc::backend_blob says: its packed rkey, or that it
+// is staged (peers reach it through its owner's progress thread) and the
+// owner's staging chunk size (the largest piece the owner takes at once).
+struct RegionBlob {
+  bool staged = false;
+  std::string rkey;
+  uint64_t chunk_bytes = 0;
+};
+std::string encode_region_blob(const RegionBlob& blob);
+Result<RegionBlob> decode_region_blob(std::string_view blob);
 
 class UcxBackend final : public TransferBackend {
  public:
@@ -57,6 +88,17 @@ class UcxBackend final : public TransferBackend {
   UcxWorker& worker() { return *worker_; }
   // The memory handle of a local region, or null (UCX then finds it itself).
   ucp_mem_h local_memh(RegionId id);
+  // A local region that is staged: its CUDA device (-1 for host memory); nothing when it is not staged.
+  std::optional<int> local_staging(RegionId id);
+  // Whether a region of `kind` is staged here.
+  bool stages(MemoryKind kind) const;
+
+  // --- progress thread: staging ---
+  // The pool of chunks for our own staged regions; null until one was registered.
+  StagingPool* initiator_pool() { return initiator_pool_.get(); }
+  // Names a piece that awaits the peer's reply; forget() when it no longer does.
+  uint64_t await_reply(StagedPiece* piece);
+  void forget(uint64_t token);
 
   // Progress-thread bookkeeping of transfers in flight: track/untrack on
   // start/completion; ready() when a transfer's requests all completed (it
@@ -70,16 +112,33 @@ class UcxBackend final : public TransferBackend {
   void drop_orphan(UcxXfer* xfer);
 
  private:
-  explicit UcxBackend(RegionTable& table) : table_(table) {}
+  explicit UcxBackend(RegionTable& table);
   bool tick();
+  Ok install_handlers();
+  StagedPiece* awaiting(uint64_t token);
+  static ucs_status_t on_write_ack(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                                   const ucp_am_recv_param_t* param);
+  static ucs_status_t on_read_data(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                                   const ucp_am_recv_param_t* param);
 
   RegionTable& table_;
   std::unique_ptr<UcxWorker> worker_;
   ucp_mem_h table_memh_ = nullptr;
   std::string engine_blob_;
 
+  StagingMode staging_ = StagingMode::kAuto;
+  size_t chunk_bytes_ = 0;
+  size_t chunk_count_ = 0;
+
   std::mutex mu_;
   std::map<RegionId, ucp_mem_h> memh_;
+  std::map<RegionId, int> staged_;  // staged local regions: their CUDA device, -1 for host memory
+  bool pools_made_ = false;         // the pools were made (and handed to the progress thread)
+
+  std::unique_ptr<StagedTarget> target_;
+  std::unique_ptr<StagingPool> initiator_pool_;  // progress thread (once handed over)
+  std::unordered_map<uint64_t, StagedPiece*> awaiting_;  // progress thread
+  uint64_t next_token_ = 1;                               // progress thread
 
   ProcessIdentity identity_;
   std::set<UcxXfer*> active_;  // progress thread only

@@ -22,23 +22,6 @@ namespace {
 
 constexpr auto kReleaseGrace = std::chrono::milliseconds(1000);
 
-template <class T>
-struct Waiter {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::optional<T> value;
-  void set(T v) {
-    std::lock_guard<std::mutex> lock(mu);
-    value.emplace(std::move(v));
-    cv.notify_all();
-  }
-  std::optional<T> wait_until(Deadline d) {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait_until(lock, d, [&] { return value.has_value(); });
-    return value;
-  }
-};
-
 void on_request_done(void* request, ucs_status_t status, void* user_data) {
   auto* x = static_cast<UcxXfer*>(user_data);
   x->requests.erase(request);
@@ -152,8 +135,20 @@ void UcxPeer::open(std::function<void(Ok)> done) {
   }
   ep_context_ = ctx;
   rkeys_.assign(meta_.regions.size(), nullptr);
+  remote_staged_.assign(meta_.regions.size(), false);
+  remote_chunk_.assign(meta_.regions.size(), 0);
   for (size_t i = 0; i < meta_.regions.size(); ++i) {
-    st = ucp_ep_rkey_unpack(ep_, meta_.regions[i].backend_blob.data(), &rkeys_[i]);
+    Result<RegionBlob> blob = decode_region_blob(meta_.regions[i].backend_blob);
+    if (!blob) {
+      done(blob.error().with_context(fmt::format("region {} of peer {}", meta_.regions[i].id.value, meta_.engine_id)));
+      return;
+    }
+    if (blob->staged) {
+      remote_staged_[i] = true;
+      remote_chunk_[i] = blob->chunk_bytes;
+      continue;
+    }
+    st = ucp_ep_rkey_unpack(ep_, blob->rkey.data(), &rkeys_[i]);
     if (st != UCS_OK) {
       done(ucx_error(fmt::format("unpacking the rkey of region {} of peer {}", meta_.regions[i].id.value,
                                  meta_.engine_id)
@@ -224,8 +219,14 @@ void UcxPeer::start(UcxXfer* x) {
     x->failure = *broken_;
   } else if (expired(x->plan.deadline)) {
     x->failure = timeout("the deadline passed before the transfer started");
-  } else {
+  } else if (Ok planned = plan_pieces(x); !planned) {
+    x->failure = planned.error();
+  } else if (x->direct_remote) {
     fetch_table(x);
+    return;
+  } else {
+    x->stage = UcxXfer::Stage::kData;  // the peer checks staged pieces itself
+    send_data(x);
     return;
   }
   backend_.ready(x);
@@ -252,12 +253,15 @@ ucp_request_param_t request_param(UcxXfer* x) {
 }
 }  // namespace
 
+bool UcxPeer::endpoint_usable(UcxXfer* x) {
+  if (ep_ != nullptr) return true;
+  if (!x->failure) x->failure = broken_.value_or(unavailable("the endpoint is closed"));
+  backend_.ready(x);
+  return false;
+}
+
 void UcxPeer::fetch_table(UcxXfer* x) {
-  if (ep_ == nullptr) {
-    if (!x->failure) x->failure = broken_.value_or(unavailable("the endpoint is closed"));
-    backend_.ready(x);
-    return;
-  }
+  if (!endpoint_usable(x)) return;
   uint32_t max_slot = 0;
   for (const XferSegment& s : x->plan.segments) max_slot = std::max(max_slot, meta_.regions[s.remote_index].slot);
   size_t words = std::min<size_t>(kRegionTableHeaderWords + max_slot + 1, table_.bytes / sizeof(uint64_t));
@@ -267,15 +271,13 @@ void UcxPeer::fetch_table(UcxXfer* x) {
   if (x->outstanding == 0) backend_.ready(x);
 }
 
+// Posts every direct put/get at once, then the staged pieces that chunks
+// allow; the post-check follows the last put/get (post_check()).
 void UcxPeer::send_data(UcxXfer* x) {
-  if (ep_ == nullptr) {
-    if (!x->failure) x->failure = broken_.value_or(unavailable("the endpoint is closed"));
-    backend_.ready(x);
-    return;
-  }
-  for (const XferSegment& s : x->plan.segments) {
-    const RegionDesc& d = meta_.regions[s.remote_index];
-    uint64_t remote = d.base + s.remote_offset;
+  if (!endpoint_usable(x)) return;
+  for (size_t i : x->direct_segments) {
+    const XferSegment& s = x->plan.segments[i];
+    uint64_t remote = meta_.regions[s.remote_index].base + s.remote_offset;
     ucp_request_param_t p = request_param(x);
     if (ucp_mem_h memh = backend_.local_memh(s.local_region)) {
       p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
@@ -288,18 +290,38 @@ void UcxPeer::send_data(UcxXfer* x) {
     }
     if (x->failure) break;
   }
+  if (x->staged()) {
+    pump(x);
+    return;
+  }
+  if (!x->failure && x->direct_remote) post_check(x);
   if (x->outstanding == 0) backend_.ready(x);
+}
+
+// The post-check GET, fenced behind the transfer's puts and gets: UCX performs
+// it at the target after them, so its completion also means every put landed
+// (no flush of its own) and its answer covers the whole transfer.
+void UcxPeer::post_check(UcxXfer* x) {
+  if (x->post_check_posted) return;
+  x->post_check_posted = true;
+  ucs_status_t st = ucp_worker_fence(backend_.worker().worker());
+  if (st != UCS_OK) {
+    if (!x->failure) x->failure = ucx_error("ucp_worker_fence", st);
+    return;
+  }
+  fetch_table(x);
 }
 
 void UcxPeer::advance(UcxXfer* x) {
   x->queued = false;
   if (x->outstanding > 0) return;
   if (x->failure) {
-    complete(x, *x->failure);
+    if (x->copies == 0) complete(x, *x->failure);  // a running copy still touches our region: pump() waits for it
     return;
   }
   auto check = [&]() -> Ok {
     for (const XferSegment& s : x->plan.segments) {
+      if (remote_staged_[s.remote_index]) continue;
       const RegionDesc& d = meta_.regions[s.remote_index];
       SIESTA_TRY(check_region_live(x->table.data(), x->table.size(), d.slot, d.id, meta_.epoch));
     }
@@ -316,23 +338,14 @@ void UcxPeer::advance(UcxXfer* x) {
       send_data(x);
       return;
     }
-    case UcxXfer::Stage::kData:
-      if (x->plan.op == XferOp::kWrite) {
-        x->stage = UcxXfer::Stage::kFlush;
-        ucp_request_param_t p = request_param(x);
-        issue(x, ucp_ep_flush_nbx(ep_, &p));
+    case UcxXfer::Stage::kData: {
+      if (x->pieces_done < x->pieces.size()) return;  // pump() moves the pieces
+      if (x->direct_remote && !x->post_check_posted) {
+        post_check(x);
         if (x->outstanding == 0) backend_.ready(x);
-      } else {
-        x->stage = UcxXfer::Stage::kPostCheck;
-        fetch_table(x);
+        return;
       }
-      return;
-    case UcxXfer::Stage::kFlush:
-      x->stage = UcxXfer::Stage::kPostCheck;
-      fetch_table(x);
-      return;
-    case UcxXfer::Stage::kPostCheck: {
-      Ok live = check();
+      Ok live = x->direct_remote ? check() : Ok{};
       if (!live) {
         complete(x, live.error().with_context(x->plan.op == XferOp::kRead
                                                   ? "the bytes read are not trusted"
@@ -346,6 +359,7 @@ void UcxPeer::advance(UcxXfer* x) {
 }
 
 void UcxPeer::complete(UcxXfer* x, Ok result) {
+  release_staging(x);
   backend_.untrack(x);
   xfers_.erase(x);
   std::shared_ptr<UcxPeer> self = std::move(x->peer);
@@ -406,6 +420,7 @@ void UcxPeer::abandon(UcxXfer* x, const Status& why) {
 }
 
 void UcxPeer::orphan(UcxXfer* x) {
+  release_staging(x);
   backend_.untrack(x);
   xfers_.erase(x);
   backend_.adopt_orphan(x);

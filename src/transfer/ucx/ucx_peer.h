@@ -5,18 +5,37 @@
 // A transfer (UcxXfer) goes through stages on the progress thread:
 //   kPreCheck  GET the peer's region table; every remote region must be live
 //              at our descriptor's epoch, else nothing is sent
-//   kData      ucp_put_nbx / ucp_get_nbx for every segment
-//   kFlush     (WRITE) ucp_ep_flush_nbx: the bytes are at the target
-//   kPostCheck GET the table again: a deregistration during the transfer
-//              fails it (a READ's bytes are then not trusted)
+//   kData      ucp_put_nbx / ucp_get_nbx for every direct segment (both sides
+//              registered with UCX), staged pieces (below) as chunks allow;
+//              once the last put/get is posted: a fence and the post-check
+//              GET of the table, ordered after the data, so its completion
+//              also says that every put reached the target (no separate
+//              flush round trip). A deregistration during the transfer fails
+//              it (a READ's bytes are then not trusted)
+// Segments to or from a peer's staged regions are checked by the peer itself
+// (staged_target.h), so a transfer with only those needs no table GET.
+//
+// Staged pieces (staged_pieces.cpp): a segment whose local region is staged
+// (CUDA memory UCX cannot register, or any memory when staging is forced), or
+// whose remote region is (it has no rkey), moves in pieces of at most one
+// staging chunk. WRITE: copy the piece into a chunk (cudaMemcpyAsync D2H),
+// then put it or send it to the peer's staged region (kStagedWrite, which the
+// peer acks once the bytes are in its region); the chunk returns as soon as
+// the wire is done with it, so chunk i copies while chunk i-1 is on the wire.
+// READ: get the piece into a chunk (or receive the peer's kStagedReadData),
+// then copy it to the region (H2D). A transfer counts as done only after
+// every copy and every ack, so its notification follows its data.
+//
 // An endpoint error (the peer died), the peer's process exiting or a missed
 // deadline breaks the peer: every transfer in flight fails.
 //
-// The checks cannot close one window: a peer that deregisters (and frees) a
-// region between our pre-check and our puts, without INVALIDATE first, may
-// still receive the bytes on transports without hardware keys (tcp writes to
-// the address). The post-check then fails the transfer. The protocol
-// (invalidate_peers before deregister_region) is what makes this safe.
+// The checks cannot close one window for direct segments: a peer that
+// deregisters (and frees) a region between our pre-check and our puts,
+// without INVALIDATE first, may still receive the bytes on transports without
+// hardware keys (tcp writes to the address). The post-check then fails the
+// transfer. The protocol (invalidate_peers before deregister_region) is what
+// makes this safe. Staged regions have no such window: the owner checks each
+// piece before it copies.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -37,6 +56,8 @@ namespace siesta::transfer::ucx {
 class UcxBackend;
 class UcxPeer;
 struct EndpointContext;
+struct StagingChunk;
+struct UcxXfer;
 
 // Where the peer's region table lives (from its EngineMeta::backend_blob).
 struct RemoteTable {
@@ -45,8 +66,39 @@ struct RemoteTable {
   std::string rkey;  // packed
 };
 
+// One staged piece of a segment: at most one staging chunk's worth.
+struct StagedPiece {
+  enum class State {
+    kIdle,        // not started
+    kCopyIn,      // WRITE from a staged region: region -> chunk copy running
+    kSending,     // WRITE: the put, or kStagedWrite, in flight
+    kAwaitAck,    // WRITE to a staged region: sent; the peer's ack not here yet
+    kGetting,     // READ from a direct region into the chunk
+    kAwaitData,   // READ from a staged region: asked; its data not here yet
+    kReceiving,   // READ from a staged region: its data arriving
+    kLanded,      // READ into a staged region: the bytes are in the chunk
+    kCopyOut,     // READ into a staged region: chunk -> region copy running
+    kDone,
+  };
+  UcxXfer* xfer = nullptr;
+  size_t segment = 0;   // into the plan's segments
+  uint64_t offset = 0;  // within the segment
+  uint64_t bytes = 0;
+  bool local_staged = false;
+  bool remote_staged = false;
+  int device = -1;  // the local region's CUDA device, -1 for host memory
+  State state = State::kIdle;
+  StagingChunk* chunk = nullptr;
+  void* request = nullptr; // its UCX request in flight, if any
+  uint64_t token = 0;      // while the peer's reply is awaited
+  std::string header;      // of its request to the peer: UCX 1.13 reads it until the send completes
+  bool acked = false;      // WRITE to a staged region: the ack came (maybe before the send completed)
+  void* arrived = nullptr; // READ from a staged region: the rendezvous descriptor of its data
+  bool counted = false;    // in UcxXfer::pieces_done
+};
+
 struct UcxXfer {
-  enum class Stage { kPreCheck, kData, kFlush, kPostCheck };
+  enum class Stage { kPreCheck, kData };
   UcxBackend* backend = nullptr;
   std::shared_ptr<UcxPeer> peer;
   XferPlan plan;
@@ -58,6 +110,20 @@ struct UcxXfer {
   std::set<void*> requests;
   std::optional<Status> failure;
   std::vector<uint64_t> table;  // the fetched region table words
+
+  // Segments moved with one put/get each (neither side staged).
+  std::vector<size_t> direct_segments;
+  // Whether some segment reaches the peer through an rkey (the table checks apply).
+  bool direct_remote = false;
+  bool post_check_posted = false;
+  // Staged pieces, in order; never resized after start (pieces point into it).
+  std::vector<StagedPiece> pieces;
+  size_t first_open = 0;      // pieces before it are done
+  size_t pieces_done = 0;
+  size_t direct_unposted = 0;  // pieces to direct regions whose put/get is not posted yet
+  size_t copies = 0;           // staging copies running
+
+  bool staged() const { return !pieces.empty(); }
 };
 
 class UcxPeer final : public BackendPeer, public std::enable_shared_from_this<UcxPeer> {
@@ -77,6 +143,12 @@ class UcxPeer final : public BackendPeer, public std::enable_shared_from_this<Uc
   void advance(UcxXfer* x);
   // Schedules advance() for the next tick (from UCX callbacks).
   void advance_later(UcxXfer* x);
+  // Moves the staged pieces of `x` along (every tick while it has any).
+  void pump(UcxXfer* x);
+  // The peer's reply to a staged piece arrived (from the backend's AM handlers).
+  void on_write_ack(StagedPiece* piece, Ok result);
+  // Returns UCS_INPROGRESS when it keeps the rendezvous descriptor `data`.
+  ucs_status_t on_read_data(StagedPiece* piece, Ok result, void* data, size_t length, bool rendezvous);
   // The endpoint failed, the peer exited or a deadline passed: fail every
   // transfer in flight. With peer error handling on, or when the peer is gone
   // (`peer_gone`), the endpoint is force-closed, which cancels their requests;
@@ -92,11 +164,23 @@ class UcxPeer final : public BackendPeer, public std::enable_shared_from_this<Uc
  private:
   void start(UcxXfer* x);
   void issue(UcxXfer* x, ucs_status_ptr_t sp);
+  bool endpoint_usable(UcxXfer* x);
   void fetch_table(UcxXfer* x);
   void send_data(UcxXfer* x);
+  void post_check(UcxXfer* x);
   void complete(UcxXfer* x, Ok result);
   void orphan(UcxXfer* x);
+  void release_staging(UcxXfer* x);
   void close_endpoint(bool force, std::function<void()> closed);
+
+  // staged_pieces.cpp
+  Ok plan_pieces(UcxXfer* x);
+  void step_piece(StagedPiece& p);
+  Ok start_piece(StagedPiece& p);
+  Ok send_piece(StagedPiece& p);
+  void issue_piece(StagedPiece& p, ucs_status_ptr_t sp, StagedPiece::State next);
+  void fail_piece(StagedPiece& p, const Status& why);
+  void piece_done(StagedPiece& p);
 
   UcxBackend& backend_;
   const EngineMeta meta_;
@@ -107,7 +191,9 @@ class UcxPeer final : public BackendPeer, public std::enable_shared_from_this<Uc
   // progress thread
   ucp_ep_h ep_ = nullptr;
   EndpointContext* ep_context_ = nullptr;
-  std::vector<ucp_rkey_h> rkeys_;  // parallel to meta_.regions
+  std::vector<ucp_rkey_h> rkeys_;  // parallel to meta_.regions; null for staged regions
+  std::vector<bool> remote_staged_;  // parallel to meta_.regions
+  std::vector<uint64_t> remote_chunk_;  // a staged region's owner's chunk size
   ucp_rkey_h table_rkey_ = nullptr;
   std::optional<Status> broken_;
   std::set<UcxXfer*> xfers_;

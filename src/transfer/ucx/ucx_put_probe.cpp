@@ -10,26 +10,6 @@ namespace siesta::transfer::ucx {
 
 namespace {
 
-Result<std::pair<ucp_mem_h, std::string>> map_host(ucp_context_h context, void* base, size_t bytes) {
-  ucp_mem_map_params_t mp{};
-  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-  mp.address = base;
-  mp.length = bytes;
-  ucp_mem_h memh = nullptr;
-  ucs_status_t st = ucp_mem_map(context, &mp, &memh);
-  if (st != UCS_OK) return ucx_error("ucp_mem_map", st);
-  void* rkey = nullptr;
-  size_t rkey_bytes = 0;
-  st = ucp_rkey_pack(context, memh, &rkey, &rkey_bytes);
-  if (st != UCS_OK) {
-    ucp_mem_unmap(context, memh);
-    return ucx_error("ucp_rkey_pack", st);
-  }
-  std::string packed(static_cast<const char*>(rkey), rkey_bytes);
-  ucp_rkey_buffer_release(rkey);
-  return std::make_pair(memh, std::move(packed));
-}
-
 void request_done(void*, ucs_status_t, void*) {}
 
 }  // namespace
@@ -37,13 +17,14 @@ void request_done(void*, ucs_status_t, void*) {}
 Result<std::unique_ptr<UcxPutTarget>> UcxPutTarget::create(const UcxOptions& options, void* base, size_t bytes) {
   std::unique_ptr<UcxPutTarget> t(new UcxPutTarget());
   SIESTA_ASSIGN_OR_RETURN(t->worker_, UcxWorker::create(options));
-  SIESTA_ASSIGN_OR_RETURN(auto mapped, map_host(t->worker_->context(), base, bytes));
-  t->memh_ = mapped.first;
+  SIESTA_ASSIGN_OR_RETURN(MappedMemory mapped,
+                          map_memory(t->worker_->context(), base, bytes, UCS_MEMORY_TYPE_HOST, true));
+  t->memh_ = mapped.memh;
   WireWriter w;
   w.bytes(t->worker_->address());
   w.u64(reinterpret_cast<uint64_t>(base));
   w.u64(bytes);
-  w.bytes(mapped.second);
+  w.bytes(mapped.rkey);
   t->descriptor_ = w.take();
   t->worker_->start([] { return false; });
   return t;
@@ -65,8 +46,9 @@ Result<std::unique_ptr<UcxPutProbe>> UcxPutProbe::connect(const UcxOptions& opti
   std::string rkey = r.bytes(1u << 16);
   if (!r.done() || address.empty()) return corrupt("malformed UCX put-target descriptor");
   SIESTA_ASSIGN_OR_RETURN(p->worker_, UcxWorker::create(options));
-  SIESTA_ASSIGN_OR_RETURN(auto mapped, map_host(p->worker_->context(), local, local_bytes));
-  p->local_memh_ = mapped.first;
+  SIESTA_ASSIGN_OR_RETURN(MappedMemory mapped,
+                          map_memory(p->worker_->context(), local, local_bytes, UCS_MEMORY_TYPE_HOST, false));
+  p->local_memh_ = mapped.memh;
   p->local_ = static_cast<char*>(local);
   p->local_bytes_ = local_bytes;
   ucp_ep_params_t ep{};

@@ -16,6 +16,30 @@ Status ucx_error(const char* what, ucs_status_t status) {
   return unavailable(fmt::format("{}: {}", what, ucs_status_string(status)));
 }
 
+Result<MappedMemory> map_memory(ucp_context_h context, void* base, size_t bytes, ucs_memory_type_t type,
+                                bool pack_rkey) {
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                  UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+  mp.address = base;
+  mp.length = bytes;
+  mp.memory_type = type;
+  MappedMemory m;
+  ucs_status_t st = ucp_mem_map(context, &mp, &m.memh);
+  if (st != UCS_OK) return ucx_error("ucp_mem_map", st);
+  if (!pack_rkey) return m;
+  void* rkey = nullptr;
+  size_t rkey_bytes = 0;
+  st = ucp_rkey_pack(context, m.memh, &rkey, &rkey_bytes);
+  if (st != UCS_OK) {
+    ucp_mem_unmap(context, m.memh);
+    return ucx_error("ucp_rkey_pack", st);
+  }
+  m.rkey.assign(static_cast<const char*>(rkey), rkey_bytes);
+  ucp_rkey_buffer_release(rkey);
+  return m;
+}
+
 Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const UcxOptions& options) {
   std::unique_ptr<UcxWorker> w(new UcxWorker());
   w->peer_error_handling_ = options.peer_error_handling;
@@ -32,7 +56,7 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const UcxOptions& options) 
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
-  params.features = UCP_FEATURE_RMA;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM;
   params.mt_workers_shared = 1;
   params.name = "siesta";
   st = ucp_init(&params, config, &w->context_);

@@ -21,10 +21,12 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "common/status.h"
+#include "transfer/deadline.h"
 
 namespace siesta::transfer::ucx {
 
@@ -76,5 +78,37 @@ class UcxWorker {
 };
 
 Status ucx_error(const char* what, ucs_status_t status);
+
+// Memory registered with a UCP context (ucp_mem_map), and its packed rkey
+// when asked for (what peers unpack to reach it).
+struct MappedMemory {
+  ucp_mem_h memh = nullptr;
+  std::string rkey;
+};
+Result<MappedMemory> map_memory(ucp_context_h context, void* base, size_t bytes, ucs_memory_type_t type,
+                                bool pack_rkey);
+
+// One value handed from the progress thread to a thread that waits for it,
+// until a deadline.
+template <class T>
+class Waiter {
+ public:
+  void set(T v) {
+    std::lock_guard<std::mutex> lock(mu_);
+    value_.emplace(std::move(v));
+    cv_.notify_all();
+  }
+  // The value, or nothing when the deadline passed first.
+  std::optional<T> wait_until(Deadline d) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_until(lock, d, [&] { return value_.has_value(); });
+    return value_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<T> value_;
+};
 
 }  // namespace siesta::transfer::ucx
