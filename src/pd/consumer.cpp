@@ -357,9 +357,12 @@ void Consumer::run_read_start(const RequestId& id) {
     if (it != loads_.end()) fail(it->second, why);
   };
   const auto num_blocks = static_cast<int32_t>(blocks.size()) - first_block;
-  auto reply = send_pd_message(ctx_.transfers, source.producer_address,
-                               encode(ReadStart{source.producer_request, first_block, num_blocks, prompt}),
-                               ctx_.message_deadline(deadline));
+  ReadStart start;
+  start.producer_request = source.producer_request;
+  start.first_block = first_block;
+  start.blocks.assign(source.producer_blocks.begin() + first_block, source.producer_blocks.end());
+  start.prompt = prompt;
+  auto reply = send_pd_message(ctx_.transfers, source.producer_address, encode(start), ctx_.message_deadline(deadline));
   if (!reply) return failed("asking the producer at " + source.producer_address + ": " + reply.error().message);
   if (!reply->ok) {
     {

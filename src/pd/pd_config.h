@@ -49,6 +49,7 @@ struct PdConfig {
   TransferMode mode = TransferMode::kWrite;
   std::string side_channel_host = "127.0.0.1";
   uint16_t side_channel_port = 0;
+  int cuda_device = 0;  // the engine's CUDA device (from --device cuda:N, not from the JSON)
   std::chrono::milliseconds load_timeout{30'000};
   std::chrono::milliseconds hold_timeout{120'000};
   std::chrono::milliseconds transfer_timeout{10'000};

@@ -77,6 +77,19 @@ Result<PromptCheck> prompt_from(const json& j, const std::string& op) {
   return p;
 }
 
+Result<std::vector<int32_t>> blocks_from(const json& j, const std::string& op) {
+  auto blocks = j.find("blocks");
+  if (blocks == j.end() || !blocks->is_array()) return bad(op, "field 'blocks' must be an array");
+  std::vector<int32_t> out;
+  out.reserve(blocks->size());
+  for (const json& b : *blocks) {
+    if (!b.is_number_integer() || b.get<int64_t>() < 0 || b.get<int64_t>() > INT32_MAX)
+      return bad(op, "field 'blocks' must hold block ids (non-negative integers)");
+    out.push_back(b.get<int32_t>());
+  }
+  return out;
+}
+
 Result<PdMessage> decode_object(const json& j) {
   if (!j.is_object()) return corrupt("P/D message is not a JSON object");
   auto v = j.find("v");
@@ -96,14 +109,7 @@ Result<PdMessage> decode_object(const json& j) {
     SIESTA_ASSIGN_OR_RETURN(m.epoch, get_u64_text(j, op, "epoch"));
     SIESTA_ASSIGN_OR_RETURN(int64_t first, get_int(j, op, "first_block", 0, INT32_MAX));
     m.first_block = static_cast<int32_t>(first);
-    auto blocks = j.find("blocks");
-    if (blocks == j.end() || !blocks->is_array()) return bad(op, "field 'blocks' must be an array");
-    m.blocks.reserve(blocks->size());
-    for (const json& b : *blocks) {
-      if (!b.is_number_integer() || b.get<int64_t>() < 0 || b.get<int64_t>() > INT32_MAX)
-        return bad(op, "field 'blocks' must hold block ids (non-negative integers)");
-      m.blocks.push_back(b.get<int32_t>());
-    }
+    SIESTA_ASSIGN_OR_RETURN(m.blocks, blocks_from(j, op));
     SIESTA_ASSIGN_OR_RETURN(m.prompt, prompt_from(j, op));
     SIESTA_ASSIGN_OR_RETURN(m.deadline_unix_ms, get_int(j, op, "deadline_unix_ms", 0, INT64_MAX));
     return PdMessage{std::move(m)};
@@ -123,8 +129,7 @@ Result<PdMessage> decode_object(const json& j) {
     SIESTA_ASSIGN_OR_RETURN(m.producer_request, get_string(j, op, "producer_request"));
     SIESTA_ASSIGN_OR_RETURN(int64_t first, get_int(j, op, "first_block", 0, INT32_MAX));
     m.first_block = static_cast<int32_t>(first);
-    SIESTA_ASSIGN_OR_RETURN(int64_t n, get_int(j, op, "num_blocks", 0, INT32_MAX));
-    m.num_blocks = static_cast<int32_t>(n);
+    SIESTA_ASSIGN_OR_RETURN(m.blocks, blocks_from(j, op));
     SIESTA_ASSIGN_OR_RETURN(m.prompt, prompt_from(j, op));
     return PdMessage{std::move(m)};
   }
@@ -190,7 +195,7 @@ std::string encode(const ReadStart& m) {
   json j = envelope("read_start");
   j["producer_request"] = m.producer_request;
   j["first_block"] = m.first_block;
-  j["num_blocks"] = m.num_blocks;
+  j["blocks"] = m.blocks;
   j["prompt"] = prompt_json(m.prompt);
   return j.dump();
 }

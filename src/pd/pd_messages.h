@@ -69,7 +69,7 @@ struct CancelRequest {
 struct ReadStart {
   std::string producer_request;
   int32_t first_block = 0;
-  int32_t num_blocks = 0;         // blocks D will read (from first_block)
+  std::vector<int32_t> blocks;    // P's blocks D will read (from first_block), as kv_transfer_params named them
   PromptCheck prompt;
 };
 

@@ -106,10 +106,10 @@ ConnectorPlan Producer::on_added(const EngineRequest& r) {
   s.num_tokens = static_cast<int32_t>(r.prompt_tokens.size());
   s.prompt_hash = prompt_hash(r.prompt_tokens);
   if (!s.key.empty()) {
-    if (const std::string* why = ended_keys_.find(s.key)) {
-      SIESTA_LOG_INFO("pd: request {} (X-Request-Id {}) was cancelled by the decode engine before it came ({}); its "
-                      "blocks are not held",
-                      r.id, r.x_request_id, *why);
+    if (cancelled_early_.find(s.key)) {
+      SIESTA_LOG_INFO("pd: request {} (X-Request-Id {}, choice {}) was cancelled by the decode engine before it came; "
+                      "its blocks are not held",
+                      r.id, r.x_request_id, r.choice_index);
       return {};
     }
     if (by_key_.count(s.key)) {
@@ -217,6 +217,8 @@ std::string Producer::on_write(const WriteRequest& m) {
   std::lock_guard<std::mutex> lock(mu_);
   auto by = by_key_.find(key);
   if (by == by_key_.end()) {
+    if (cancelled_early_.find(key)) return encode_refusal("request " + m.x_request_id + " was cancelled by the consumer");
+    // (X-Request-Ids must be unique: the proxy's are.)
     if (const std::string* why = ended_keys_.find(key)) return encode_refusal("request " + m.x_request_id + " " + *why);
     if (parked_.count(key)) return encode_refusal("request " + m.x_request_id + " already has a write target");
     if (parked_.size() >= kMaxParked)
@@ -250,7 +252,7 @@ std::string Producer::on_cancel(const CancelRequest& m) {
     // that the request holds nothing when it comes.
     if (!key.empty()) {
       parked_.erase(key);
-      if (!ended_keys_.find(key)) ended_keys_.add(key, "cancelled by the consumer");
+      if (!ended_keys_.find(key)) cancelled_early_.add(key, "cancelled by the consumer");
     }
     return encode_ok({{"writing", false}});
   }
@@ -285,9 +287,11 @@ std::string Producer::on_read_start(const ReadStart& m) {
   if (s.state == SendState::kWaiting) return encode_refusal("request " + s.id + " has not finished its prefill yet");
   if (!kv.registered) return encode_refusal("the producer's KV cache is not registered (it is asleep)");
   if (std::string bad = check_prompt(s, m.prompt, kv); !bad.empty()) return encode_refusal(bad);
-  if (m.first_block < 0 || static_cast<size_t>(m.first_block) + static_cast<size_t>(m.num_blocks) != s.blocks.size())
-    return encode_refusal(fmt::format("the read names blocks [{}, {}) of request {}, which has {}", m.first_block,
-                                      m.first_block + m.num_blocks, s.id, s.blocks.size()));
+  if (m.first_block < 0 || static_cast<size_t>(m.first_block) + m.blocks.size() != s.blocks.size() ||
+      !std::equal(m.blocks.begin(), m.blocks.end(), s.blocks.begin() + m.first_block))
+    return encode_refusal(fmt::format("the read names other blocks than request {} holds (from prompt block {}: {} "
+                                      "named, {} held); its kv_transfer_params were changed on the way",
+                                      s.id, m.first_block, m.blocks.size(), s.blocks.size() - std::min<size_t>(s.blocks.size(), m.first_block)));
   const auto lease = std::chrono::duration_cast<std::chrono::milliseconds>(s.hold_deadline - Clock::now());
   return encode_ok({{"region", std::to_string(kv.region.value)},
                     {"epoch", std::to_string(kv.epoch)},
@@ -439,8 +443,7 @@ Result<void> Producer::end_all(Deadline deadline) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [id, s] : sends_)
-      if (s.state != SendState::kDone) transition(s, SendEvent::kReleased);
-    parked_.clear();
+      if (s.state == SendState::kReady) transition(s, SendEvent::kReleased);
   }
   for (;;) {
     {

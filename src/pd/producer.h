@@ -13,8 +13,10 @@
 //                        side-channel threads: the consumer's messages,
 //                        answered at once (a refusal names why)
 //   tick(now)            ticker thread: hold deadlines, writes in flight
-//   end_all(deadline)    release_transfer_kv: every send ends (released);
-//                        waits for our writes in flight
+//   end_all(deadline)    release_transfer_kv: every READY send ends
+//                        (released: its blocks go with the KV cache); waits
+//                        for our writes in flight. WAITING sends stay: their
+//                        requests recompute after wake and hold new blocks.
 //
 // WRITE mode: the consumer's `write` names (x_request_id, choice), may come
 // before the request does (it is parked until then), and the write starts
@@ -104,6 +106,8 @@ class Producer {
   std::unordered_map<std::string, Target> parked_;  // write requests that came before their request
   EndedRequests ended_ids_;
   EndedRequests ended_keys_;
+  // Keys the consumer cancelled before their request came: it holds nothing.
+  EndedRequests cancelled_early_;
   std::vector<std::string> orphan_holds_;  // holds the scheduler made for requests we do not track
 };
 

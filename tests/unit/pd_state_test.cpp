@@ -114,9 +114,9 @@ TEST(PdMessages, EachMessageRoundTrips) {
   auto c = decode_message(encode(CancelRequest{"req-1", 0, ""}));
   ASSERT_TRUE(c);
   EXPECT_EQ(std::get<CancelRequest>(*c).x_request_id, "req-1");
-  auto s = decode_message(encode(ReadStart{"cmpl-1-0", 2, 3, w.prompt}));
+  auto s = decode_message(encode(ReadStart{"cmpl-1-0", 2, {4, 8, 15}, w.prompt}));
   ASSERT_TRUE(s);
-  EXPECT_EQ(std::get<ReadStart>(*s).num_blocks, 3);
+  EXPECT_EQ(std::get<ReadStart>(*s).blocks, (std::vector<int32_t>{4, 8, 15}));
   auto d = decode_message(encode(ReadDone{"cmpl-1-0"}));
   ASSERT_TRUE(d);
   EXPECT_EQ(std::get<ReadDone>(*d).producer_request, "cmpl-1-0");
@@ -133,7 +133,9 @@ TEST(PdMessages, BadMessagesAreRefusedWithoutThrowing) {
                           R"({"v": 1, "op": "launch"})", R"({"v": 1, "op": "read_done", "producer_request": 5})",
                           R"({"v": 1, "op": "cancel", "x_request_id": "", "choice": 0, "producer_request": ""})",
                           R"({"v": 1, "op": "read_start", "producer_request": "x", "first_block": -1,
-                              "num_blocks": 1, "prompt": {}})"}) {
+                              "blocks": [1], "prompt": {}})",
+                          R"({"v": 1, "op": "read_start", "producer_request": "x", "first_block": 0,
+                              "blocks": [-3], "prompt": {}})"}) {
     auto m = decode_message(bad);
     EXPECT_FALSE(m) << bad;
     if (!m) {
