@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -637,6 +638,32 @@ TEST(Scheduler, AFailedRemoteLoadRecomputesThePrompt) {
   TestEngine local(16);
   local.add(request("x", p, 6));
   EXPECT_EQ(r["x"].tokens, local.run()["x"].tokens);
+  EXPECT_EQ(consumer.pool.num_free_blocks(), 16);
+}
+
+TEST(Scheduler, AFailedLoadAPeerMayStillWriteRecomputesInOtherBlocks) {
+  const auto p = prompt(50, 25);
+  TestEngine consumer(16);
+  consumer.add(request("x", p, 6));
+  auto target = consumer.sched->await_remote_kv("x");
+  ASSERT_TRUE(target);
+  ASSERT_TRUE(consumer.sched->finish_remote_kv("x", /*loaded=*/false, /*hold_blocks=*/true));
+  // The 4 blocks the peer was told about stay held; the request recomputes
+  // its prompt in others, and none of the held ones is handed out.
+  const std::vector<BlockId> held = target->block_table;
+  ASSERT_NE(consumer.pool.held_by(load_hold_owner("x")), nullptr);
+  EXPECT_EQ(*consumer.pool.held_by(load_hold_owner("x")), held);
+  EXPECT_EQ(consumer.pool.num_free_blocks(), 12);
+  consumer.step();
+  const Request* r = consumer.sched->find("x");
+  ASSERT_NE(r, nullptr);
+  for (BlockId b : r->block_table) EXPECT_EQ(std::count(held.begin(), held.end(), b), 0) << b;
+  auto& out = consumer.run();
+  TestEngine local(16);
+  local.add(request("x", p, 6));
+  EXPECT_EQ(out["x"].tokens, local.run()["x"].tokens);
+  EXPECT_EQ(consumer.pool.num_free_blocks(), 12);
+  ASSERT_TRUE(consumer.sched->release_hold(load_hold_owner("x")));
   EXPECT_EQ(consumer.pool.num_free_blocks(), 16);
 }
 
