@@ -6,8 +6,14 @@
 namespace siesta::cli {
 
 void DeviceFlags::add_to(CLI::App& cmd) {
-  cmd.add_option("--device", device, "Where the model runs: cpu (fp32 reference) or cuda (bf16, GPU 0)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
+  cmd.add_option("--device", device,
+                 "Where the model runs: cpu (fp32 reference), cuda (bf16, GPU 0) or cuda:N (GPU N)")
+      ->check([](const std::string& text) -> std::string {
+        auto spec = parse_device_spec(text);
+        if (spec) return {};
+        std::string why = spec.error().message;  // CLI11 names the option itself
+        return why.rfind("--device: ", 0) == 0 ? why.substr(10) : why;
+      })
       ->capture_default_str();
   utilization_option = cmd.add_option("--gpu-memory-utilization", gpu_memory_utilization,
                                       "--device cuda: fraction of the GPU's memory to use; the KV cache gets what "
@@ -22,7 +28,9 @@ void DeviceFlags::add_to(CLI::App& cmd) {
 }
 
 Result<void> DeviceFlags::apply(EngineOptions& options) const {
-  SIESTA_ASSIGN_OR_RETURN(options.device, parse_device(device));
+  SIESTA_ASSIGN_OR_RETURN(DeviceSpec spec, parse_device_spec(device));
+  options.device = spec.device;
+  options.cuda_device = spec.cuda_device;
   SIESTA_TRY(validate_gpu_memory_utilization(gpu_memory_utilization));
   if (options.device == Device::kCpu && utilization_option != nullptr && utilization_option->count() > 0)
     return invalid_argument("--gpu-memory-utilization applies to --device cuda only; on the CPU size the KV cache "

@@ -114,7 +114,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options, std
                   memory::format_bytes(loaded.scratch_bytes));
   if (connector) {
     // P/D: the connector registers the KV cache with its transfer engine.
-    if (auto ok = connector->on_kv_cache_mapped(kv.export_for_transfer()); !ok)
+    if (auto ok = connector->on_kv_cache_mapped(kv.export_for_transfer(options.cuda_device)); !ok)
       return ok.error().with_context("registering the KV cache for P/D transfers");
   }
   return std::unique_ptr<Engine>(new Engine(sized, limits, std::move(*tok), std::move(threads), std::move(memory),
@@ -519,7 +519,7 @@ Result<void> Engine::wake_on_loop(memory::TagSet tags, EngineCallReport& report)
     // The KV cache is back (new memory at the same address): peers see it
     // under a new epoch. A failure leaves the engine serving without P/D
     // transfers (loads recompute, no blocks are offered to readers).
-    if (auto ok = connector_->on_kv_cache_mapped(kv_.export_for_transfer()); !ok)
+    if (auto ok = connector_->on_kv_cache_mapped(kv_.export_for_transfer(options_.cuda_device)); !ok)
       SIESTA_LOG_ERROR("engine: wake_up: the KV cache could not be registered for P/D transfers again ({}); this "
                        "engine serves without them until the next sleep and wake",
                        ok.error().message);

@@ -34,7 +34,7 @@ std::string kv_layout_fingerprint(const KvCacheLayout& l) {
          " elem_bytes=" + std::to_string(l.elem_bytes);
 }
 
-KvCacheRegion KvCacheMemory::export_for_transfer() {
+KvCacheRegion KvCacheMemory::export_for_transfer(int cuda_device) {
   close_transfer_export();
   KvCacheRegion r;
   r.base = allocation_.base;
@@ -44,6 +44,7 @@ KvCacheRegion KvCacheMemory::export_for_transfer() {
   r.block_bytes = layout_.block_bytes();
   r.layout = kv_layout_fingerprint(layout_);
   r.cuda = pool_->backend().kind() == memory::BackendKind::kCuda;
+  r.cuda_device = r.cuda ? cuda_device : 0;
   auto e = pool_->export_fd(allocation_.id);
   if (!e) {
     SIESTA_LOG_WARN("engine: the KV cache cannot be exported to same-host peers ({}); the ipc transfer backend "

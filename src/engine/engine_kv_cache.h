@@ -40,7 +40,7 @@ struct KvCacheRegion {
   // "layers=4 kv_heads=2 head_dim=64 block_size=16 elem_bytes=4".
   std::string layout;
   bool cuda = false;         // device memory (cuMem) rather than host memory (memfd)
-  int cuda_device = 0;       // the engine's device (export_for_transfer leaves 0)
+  int cuda_device = 0;       // the engine's CUDA device (cuda only)
   // An FD exporting the memory (memfd or cuMem POSIX FD), -1 when the memory
   // backend cannot export it; valid until close_transfer_export(). base sits
   // export_offset bytes into it; export_bytes is the whole exported allocation.
@@ -71,7 +71,7 @@ class KvCacheMemory {
   // Owner thread (the engine loop), while the cache is resident. Exports the
   // allocation (closing an earlier export first) and describes it; when the
   // backend cannot export, the region has export_fd -1 and why is logged.
-  KvCacheRegion export_for_transfer();
+  KvCacheRegion export_for_transfer(int cuda_device = 0);
   // Closes the export of export_for_transfer(), if open.
   void close_transfer_export();
 

@@ -11,19 +11,19 @@
 
 namespace siesta {
 
-Result<std::unique_ptr<memory::MemoryBackend>> make_engine_backend(Device device) {
+Result<std::unique_ptr<memory::MemoryBackend>> make_engine_backend(Device device, int cuda_device) {
   if (device == Device::kCpu) {
     auto backend = memory::make_host_backend();
     if (!backend) return backend.error().with_context("creating the host memory pool");
     return std::move(*backend);
   }
-  auto backend = memory::make_cuda_backend({.device = 0});
+  auto backend = memory::make_cuda_backend({.device = cuda_device});
   if (!backend) return backend.error().with_context("--device cuda");
   return std::move(*backend);
 }
 
 Result<EngineModel> load_engine_model(const EngineOptions& options, ThreadPool& threads) {
-  SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<memory::MemoryBackend> backend, make_engine_backend(options.device));
+  SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<memory::MemoryBackend> backend, make_engine_backend(options.device, options.cuda_device));
   auto pool = std::make_unique<memory::MemoryPool>(std::move(backend));
   if (options.device == Device::kCuda) return load_cuda_engine_model(options, std::move(pool));
 

@@ -48,8 +48,8 @@ struct EngineModel {
   std::optional<memory::DeviceMemoryInfo> device_after_load;
 };
 
-// The pool's backend for a device: host (memfd) or CUDA device 0 (cuMem).
-Result<std::unique_ptr<memory::MemoryBackend>> make_engine_backend(Device device);
+// The pool's backend for a device: host (memfd) or CUDA device `cuda_device` (cuMem).
+Result<std::unique_ptr<memory::MemoryBackend>> make_engine_backend(Device device, int cuda_device = 0);
 
 // Makes the pool and loads options.model_dir into it. Uses
 // max_num_batched_tokens and max_num_seqs (activation buffers),

@@ -16,7 +16,7 @@ Result<EngineModel> load_cuda_engine_model(const EngineOptions& options, std::un
   m.device_at_start = *at_start;
 
   CudaModelOptions mo;
-  mo.device = 0;
+  mo.device = options.cuda_device;
   mo.max_batch_tokens = std::max(1, options.max_num_batched_tokens);
   mo.max_seqs = std::max(1, options.max_num_seqs);
   mo.max_model_len = options.max_model_len.value_or(0);  // 0: the model's default

@@ -90,6 +90,26 @@ Result<Device> parse_device(std::string_view text) {
   return invalid_argument("--device must be cpu or cuda, got '" + std::string(text) + "'");
 }
 
+Result<DeviceSpec> parse_device_spec(std::string_view text) {
+  if (text.rfind("cuda:", 0) == 0) {
+    std::string_view n = text.substr(5);
+    int ordinal = 0;
+    bool digits = !n.empty() && n.size() <= 4;
+    for (char c : n) {
+      if (c < '0' || c > '9') digits = false;
+      else ordinal = ordinal * 10 + (c - '0');
+    }
+    if (!digits)
+      return invalid_argument("--device: expected cpu, cuda or cuda:N (a device ordinal), got '" + std::string(text) +
+                              "'");
+    return DeviceSpec{Device::kCuda, ordinal};
+  }
+  auto d = parse_device(text);
+  if (!d)
+    return invalid_argument("--device: expected cpu, cuda or cuda:N, got '" + std::string(text) + "'");
+  return DeviceSpec{*d, 0};
+}
+
 Result<void> validate_gpu_memory_utilization(double u) {
   if (!(u > 0.0 && u <= 1.0))
     return invalid_argument("--gpu-memory-utilization must be in (0, 1] (a fraction of the device's memory, "

@@ -42,6 +42,13 @@ const char* device_name(Device device);  // "cpu", "cuda"
 // "cpu" or "cuda"; anything else is kInvalidArgument naming both.
 Result<Device> parse_device(std::string_view text);
 
+// "cpu", "cuda" (device 0) or "cuda:N": the device and the CUDA ordinal.
+struct DeviceSpec {
+  Device device = Device::kCpu;
+  int cuda_device = 0;
+};
+Result<DeviceSpec> parse_device_spec(std::string_view text);
+
 struct EngineOptions {
   std::filesystem::path model_dir;
   size_t threads = 0;                         // CPU threads for the model (0: all cores)
@@ -59,6 +66,7 @@ struct EngineOptions {
   // many; beyond, submit answers kUnavailable (HTTP 503).
   int32_t max_held_requests = 1024;
   Device device = Device::kCpu;
+  int cuda_device = 0;  // --device cuda:N: the CUDA device ordinal (after CUDA_VISIBLE_DEVICES)
   // --device cuda: the fraction of the device's total memory this engine may
   // take (vLLM's --gpu-memory-utilization); the KV cache gets what it leaves
   // after weights and activations. kv_cache_memory_bytes or num_kv_blocks,

@@ -156,6 +156,9 @@ def device_cuda_without_gpu_is_one_line_error():
 
 def device_flags_are_checked():
     gen = [SIESTA, "generate", "--model", MODEL, "--prompt", "hi", "--max-tokens", "2"]
+    rc, _, err = run(gen + ["--device", "cuda:x"])
+    expect_clean_error(rc, err, "--device")
+    assert rc == 2, f"a bad --device ordinal is a usage error (exit 2), got {rc}"
     rc, _, err = run(gen + ["--device", "tpu"])
     expect_clean_error(rc, err, "--device")
     assert rc == 2, f"a bad --device is a usage error (exit 2), got {rc}"

@@ -74,6 +74,22 @@ TEST(EngineDevice, ExplicitKvBytesTakePrecedenceOverUtilization) {
   EXPECT_EQ(kv_cache_budget(o, m).value(), kDefaultCpuKvCacheBytes);
 }
 
+TEST(EngineDevice, DeviceSpecNamesTheCudaOrdinal) {
+  EXPECT_EQ(parse_device_spec("cpu").value().device, Device::kCpu);
+  auto cuda = parse_device_spec("cuda").value();
+  EXPECT_EQ(cuda.device, Device::kCuda);
+  EXPECT_EQ(cuda.cuda_device, 0);
+  auto one = parse_device_spec("cuda:1").value();
+  EXPECT_EQ(one.device, Device::kCuda);
+  EXPECT_EQ(one.cuda_device, 1);
+  EXPECT_EQ(parse_device_spec("cuda:12").value().cuda_device, 12);
+  for (const char* bad : {"cuda:", "cuda:-1", "cuda:x", "cuda:1:2", "gpu", "cuda1", "CPU", ""}) {
+    auto r = parse_device_spec(bad);
+    ASSERT_FALSE(r) << bad;
+    EXPECT_NE(r.error().message.find("--device"), std::string::npos) << r.error().message;
+  }
+}
+
 TEST(EngineDevice, CudaWithoutAGpuIsAnErrorThatSaysWhy) {
   if (memory::make_cuda_backend({.device = 0})) GTEST_SKIP() << "a GPU is present here (cuda_engine_test covers it)";
   EngineOptions o;
