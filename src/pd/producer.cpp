@@ -129,17 +129,38 @@ ConnectorPlan Producer::on_added(const EngineRequest& r) {
   return ConnectorPlan{.hold_blocks_for_remote_reader = true, .load_remote_kv = false};
 }
 
+nlohmann::json Producer::params(const RequestId& id, const std::vector<BlockId>& blocks) const {
+  const std::string& address = ctx_.transfers.address();
+  const size_t colon = address.rfind(':');
+  return nlohmann::json{
+      {"do_remote_prefill", true},
+      {"do_remote_decode", false},
+      {"remote_engine_id", ctx_.transfers.engine_id()},
+      {"remote_block_ids", blocks},
+      {"remote_host", address.substr(0, colon)},
+      {"remote_port", std::stoi(address.substr(colon + 1))},
+      {"remote_request_id", id},
+      {"tp_size", 1},
+  };
+}
+
 nlohmann::json Producer::on_finished(const EngineRequest& r, const RequestOutput& out) {
+  if (!flag(r.kv_transfer_params, "do_remote_decode")) return nullptr;
+  // The prefill succeeded whatever happens to the blocks: the answer always
+  // carries kv_transfer_params (a proxy checks them), and names no blocks
+  // when none are held for a reader (the decode engine then computes the
+  // prompt itself).
+  const std::vector<BlockId> none;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sends_.find(r.id);
   if (it == sends_.end()) {
     if (!out.held_blocks.empty()) orphan_holds_.push_back(send_hold_owner(r.id));
-    return nullptr;
+    return params(r.id, none);
   }
   Send& s = it->second;
   if (out.held_blocks.empty()) {
     transition(s, SendEvent::kFailed, "its blocks could not be held");
-    return nullptr;
+    return params(s.id, none);
   }
   s.hold_taken = true;
   const LocalKv kv = ctx_.kv.get();
@@ -149,34 +170,22 @@ nlohmann::json Producer::on_finished(const EngineRequest& r, const RequestOutput
                   out.held_blocks.begin() + std::min<size_t>(out.held_blocks.size(), kv.blocks_for(s.num_tokens)));
   if (s.cancelled) {
     transition(s, SendEvent::kAborted, "the decode engine cancelled it during prefill");
-    return nullptr;
+    return params(s.id, none);
   }
   if (!kv.registered) {
     transition(s, SendEvent::kReleased, "the KV cache was released during prefill");
-    return nullptr;
+    return params(s.id, none);
   }
   if (static_cast<int32_t>(s.blocks.size()) != kv.blocks_for(s.num_tokens)) {
     transition(s, SendEvent::kFailed,
                fmt::format("{} blocks held for a prompt of {} tokens", s.blocks.size(), s.num_tokens));
-    return nullptr;
+    return params(s.id, none);
   }
   transition(s, SendEvent::kPrefilled);
   s.hold_deadline = Clock::now() + ctx_.config.hold_timeout;
   if (s.target) post_write(s.id);
   ctx_.kick();
-  const std::string& address = ctx_.transfers.address();
-  const size_t colon = address.rfind(':');
-  nlohmann::json params{
-      {"do_remote_prefill", true},
-      {"do_remote_decode", false},
-      {"remote_engine_id", ctx_.transfers.engine_id()},
-      {"remote_block_ids", s.blocks},
-      {"remote_host", address.substr(0, colon)},
-      {"remote_port", std::stoi(address.substr(colon + 1))},
-      {"remote_request_id", s.id},
-      {"tp_size", 1},
-  };
-  return params;
+  return params(s.id, s.blocks);
 }
 
 void Producer::on_aborted(const RequestId& id) {

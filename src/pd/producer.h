@@ -6,6 +6,8 @@
 //   on_added(r)          engine loop: a send in WAITING (the blocks will be held)
 //   on_finished(r, out)  engine loop: READY with out.held_blocks, until
 //                        hold_timeout; answers vLLM's kv_transfer_params
+//                        (with no blocks when none are held: the prefill
+//                        itself succeeded, and the reader computes the prompt)
 //   on_aborted(id)       engine loop: a WAITING send ends (aborted)
 //   collect(updates)     engine loop: holds of DONE sends that no write of
 //                        ours reads any more
@@ -88,6 +90,8 @@ class Producer {
   };
 
   static std::string key_of(const std::string& x_request_id, int32_t choice);
+  // vLLM's answer to do_remote_decode, naming `blocks` (none: compute the prompt).
+  nlohmann::json params(const RequestId& id, const std::vector<BlockId>& blocks) const;
   // The one place a send changes state; logs, counts, and records why it ended.
   void transition(Send& s, SendEvent event, const std::string& detail = {});
   bool write_busy(const Send& s) const;

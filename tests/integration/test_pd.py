@@ -15,6 +15,8 @@ kv_loads_total{outcome="loaded"} grows). Then:
     up makes P free the blocks it held for it (long before its hold deadline);
   - READ: P's hold expires before D reads: D recomputes and the output is
     still identical;
+  - WRITE: P too slow (paused past D's load deadline): D computes the prompt
+    itself and the output is still identical;
   - WRITE: P killed while its request waits: the client gets an error within
     the proxy's deadline and D holds no blocks once the write deadline passed;
   - after each combination P and D, idle, hold no blocks for remote readers
@@ -309,6 +311,9 @@ def check_pair(backend, mode, num_requests, faults):
 
         if "disconnect" in faults:
             checks.check(f"{tag}: client disconnect at D frees P's blocks", lambda: disconnect_at_d(pair))
+        if "late" in faults:
+            checks.check(f"{tag}: P too slow (paused past D's load deadline): D recomputes, output identical",
+                         lambda: late_load(pair))
         if "expiry" in faults:
             checks.check(f"{tag}: P's hold expires before D reads: D recomputes, output identical",
                          lambda: hold_expires(pair, specs))
@@ -386,6 +391,28 @@ def hold_expires(pair, specs):
     assert loads(pair.d.port, "failed") == failed_before + 1, "D did not count the failed load"
 
 
+def late_load(pair):
+    """WRITE: P is paused, so D's load outlives load_timeout_s; D computes the prompt itself and its answer
+    (passed on once P, resumed, answers) equals the colocated one; neither engine keeps a block."""
+    path, body = "/v1/completions", {"prompt": "A late prefill: " + " ".join(WORDS * 3), "max_tokens": 10,
+                                     "temperature": 0, "return_token_ids": True, "stream": True}
+    failed_before = loads(pair.d.port, "failed")
+    status, _ = post_json(pair.p.port, "/pause?mode=keep", {})
+    assert status == 200
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(generate, pair.proxy.port, path, body, {"X-Request-Id": f"late-{time.monotonic_ns()}"})
+        try:
+            wait_for(lambda: loads(pair.d.port, "failed") > failed_before, LOAD_TIMEOUT_S + 10,
+                     "D gives up on the load")
+        finally:
+            status, _ = post_json(pair.p.port, "/resume", {})
+            assert status == 200
+        got = fut.result(timeout=HTTP_TIMEOUT_S)
+    assert got == reference(json.dumps([path, body], sort_keys=True), path, body), got
+    wait_for(lambda: no_blocks_held(pair.p.port), 10, "P holds no blocks")
+    wait_for(lambda: no_blocks_held(pair.d.port), LOAD_TIMEOUT_S + WRITE_GRACE_S + 5, "D holds no blocks")
+
+
 def kill_p(pair):
     """WRITE: P is paused (its request waits), D waits for the write; P is killed."""
     status, _ = post_json(pair.p.port, "/pause?mode=keep", {})
@@ -436,7 +463,7 @@ try:
     colocated = serve("colocated")
     checks.check("a server without a connector has no /kv_transfer_info", transfer_info)
     started = time.monotonic()
-    check_pair("ipc", "write", 50, faults={"disconnect", "kill_p"})
+    check_pair("ipc", "write", 50, faults={"disconnect", "late", "kill_p"})
     check_pair("ipc", "read", 16, faults={"disconnect", "expiry"})
     check_pair("ucx", "write", 16, faults=set())
     check_pair("ucx", "read", 16, faults={"expiry"})
