@@ -1,7 +1,9 @@
 // KvConnector: what the engine asks of a P/D connector (src/pd implements it;
 // the engine never includes pd). Every call comes from the engine loop thread,
-// between steps, except metrics() (any thread); an implementation does its
-// transfers elsewhere and reports their ends through poll().
+// between steps, except the first on_kv_cache_mapped (Engine::create's
+// thread, before the loop starts) and metrics() (any thread); an
+// implementation does its transfers elsewhere and reports their ends through
+// poll().
 //
 // The KV cache:
 //   on_kv_cache_mapped(region)    at Engine::create and after every wake that
