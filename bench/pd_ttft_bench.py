@@ -110,6 +110,11 @@ def main():
     p.add_argument("--siesta", required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--device", default="cuda")
+    p.add_argument("--p-device", default="", help="P's (and the colocated engine's) --device; default --device")
+    p.add_argument("--d-device", default="", help="D's --device; default --device (e.g. cuda:1 for another GPU)")
+    p.add_argument("--golden", default="",
+                   help="golden prompts JSON (tests/data/golden/...): each, greedy, 24 tokens, through P/D and "
+                        "colocated; the token ids must be equal")
     p.add_argument("--backend", default="ipc")
     p.add_argument("--mode", default="write")
     p.add_argument("--prompt-tokens", type=int, default=4096)
@@ -121,9 +126,11 @@ def main():
     a = p.parse_args()
 
     logs = tempfile.mkdtemp(prefix="siesta-pd-bench-")
-    serve = ["serve", "--model", a.model, "--port", "0", "--device", a.device, "--kv-cache-memory-bytes",
+    serve = ["serve", "--model", a.model, "--port", "0", "--kv-cache-memory-bytes",
              a.kv_cache_memory_bytes, "--max-model-len", str(a.prompt_tokens + a.max_tokens + 16), "--seed", "0",
              *a.extra.split()]
+    p_device = ["--device", a.p_device or a.device]
+    d_device = ["--device", a.d_device or a.device]
 
     def cfg(role):
         return json.dumps({"kv_connector": "SiestaConnector", "kv_role": role,
@@ -131,17 +138,27 @@ def main():
 
     procs = []
     try:
-        colocated = Process(a.siesta, "colocated", serve, logs)
+        colocated = Process(a.siesta, "colocated", serve + p_device, logs)
         procs.append(colocated)
-        prefill = Process(a.siesta, "prefill", serve + ["--kv-transfer-config", cfg("kv_producer")], logs)
+        prefill = Process(a.siesta, "prefill", serve + p_device + ["--kv-transfer-config", cfg("kv_producer")], logs)
         procs.append(prefill)
-        decode = Process(a.siesta, "decode", serve + ["--kv-transfer-config", cfg("kv_consumer")], logs)
+        decode = Process(a.siesta, "decode", serve + d_device + ["--kv-transfer-config", cfg("kv_consumer")], logs)
         procs.append(decode)
         proxy = Process(a.siesta, "proxy", ["proxy", "--port", "0", "--prefill", f"http://127.0.0.1:{prefill.port}",
                                             "--decode", f"http://127.0.0.1:{decode.port}", "--mode",
                                             "concurrent" if a.mode == "write" else "sequential"], logs)
         procs.append(proxy)
         mover = prefill if a.mode == "write" else decode
+        golden = []
+        if a.golden:
+            for g in json.load(open(a.golden))["prompts"]:
+                body = {"prompt": g["text"], "max_tokens": 24, "temperature": 0, "stream": True,
+                        "return_token_ids": True, "ignore_eos": True}
+                _, ids_pd = stream(proxy.port, body, 600)
+                _, ids_c = stream(colocated.port, body, 600)
+                golden.append({"prompt": g["text"][:40], "same_tokens": ids_pd == ids_c, "tokens": len(ids_pd)})
+            same = sum(g["same_tokens"] for g in golden)
+            print(f"golden prompts: {same} of {len(golden)} give the colocated engine's tokens through P/D")
         rng = random.Random(1)
         vocab = json.load(open(os.path.join(a.model, "config.json")))["vocab_size"]
         rows = []
@@ -178,11 +195,11 @@ def main():
         commit = os.environ.get("SIESTA_COMMIT") or subprocess.run(
             ["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
         gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True).stdout.strip() if a.device == "cuda" else ""
+                             text=True).stdout.strip() if a.device.startswith("cuda") else ""
         result = {"bench": "pd", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   "commit": commit, "machine": {"host": platform.node(), "cpu": platform.processor(), "gpu": gpu},
                   "config": vars(a), "peer": "colocated siesta serve, same flags, same prompts, same run",
-                  "requests": rows}
+                  "golden": golden, "requests": rows}
         if a.out:
             with open(a.out, "w") as f:
                 json.dump(result, f, indent=1)

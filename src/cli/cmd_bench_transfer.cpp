@@ -33,6 +33,7 @@ struct Flags {
   bool ucx_peer_error_handling = true;
   std::string ucx_staging = "auto";
   int cuda_device = 0;
+  int peer_cuda_device = -1;
   bool json = false;
   bool serve_peer = false;
 };
@@ -63,6 +64,7 @@ int run(const Flags& f) {
   o.ucx_peer_error_handling = f.ucx_peer_error_handling;
   o.ucx_staging = f.ucx_staging;
   o.cuda_device = f.cuda_device;
+  o.peer_cuda_device = f.peer_cuda_device;
   o.peer_argv = {"/proc/self/exe", "bench", "transfer", "--serve-peer"};
   auto report = transfer::run_transfer_bench(o);
   if (!report) {
@@ -125,6 +127,9 @@ void add_bench_transfer_command(CLI::App& bench) {
       ->check(CLI::IsMember({"auto", "always", "never"}))
       ->capture_default_str();
   cmd->add_option("--cuda-device", f->cuda_device, "CUDA device for --memory cuda")->capture_default_str();
+  cmd->add_option("--peer-cuda-device", f->peer_cuda_device,
+                  "CUDA device of the peer's memory (default: --cuda-device); another GPU measures a cross-GPU "
+                  "transfer against cudaMemcpyPeer");
   cmd->add_flag("--json", f->json, "Print a JSON list instead of the table");
   cmd->add_flag("--serve-peer", f->serve_peer, "Run as the benchmark's peer process (started by the benchmark)")
       ->group("");

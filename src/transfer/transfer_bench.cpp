@@ -52,11 +52,13 @@ ucx::UcxOptions ucx_options(const TransferBenchOptions& o) {
   return {o.ucx_transports, o.ucx_net_devices, o.ucx_peer_error_handling};
 }
 
+int peer_device(const TransferBenchOptions& o) { return o.peer_cuda_device >= 0 ? o.peer_cuda_device : o.cuda_device; }
+
 // The peer's options, as key=value pairs separated by ';'.
 std::string encode_peer_options(const TransferBenchOptions& o, size_t region_bytes) {
   return fmt::format("backend={};memory={};region={};tls={};devices={};peer_errors={};staging={};cuda={}", o.backend,
                      memory_kind_name(o.memory), region_bytes, o.ucx_transports, o.ucx_net_devices,
-                     o.ucx_peer_error_handling ? 1 : 0, o.ucx_staging, o.cuda_device);
+                     o.ucx_peer_error_handling ? 1 : 0, o.ucx_staging, peer_device(o));
 }
 
 Result<std::pair<TransferBenchOptions, size_t>> decode_peer_options(const std::string& text) {
@@ -168,6 +170,9 @@ std::string limit_description(const TransferBenchOptions& o) {
   if (o.backend == "ucx")
     return fmt::format("raw UCX put loop (ucp_put_nbx + flush, transports {}){}, same bytes", o.ucx_transports,
                        o.memory == MemoryKind::kCuda ? " between host buffers" : "");
+  if (o.memory == MemoryKind::kCuda && peer_device(o) != o.cuda_device)
+    return fmt::format("cudaMemcpyPeer from device {} to device {} in one process, same bytes", o.cuda_device,
+                       peer_device(o));
   return o.memory == MemoryKind::kCuda ? "cudaMemcpy device-to-device in one process, same bytes"
                                        : "memcpy in one process, one thread, same bytes";
 }
@@ -299,7 +304,8 @@ Result<TransferBenchReport> run_transfer_bench(const TransferBenchOptions& o) {
                                                              Clock::now() + kStartWait));
   } else {
     SIESTA_ASSIGN_OR_RETURN(limit_src, BenchMemory::create(o.memory, region_bytes, o.cuda_device));
-    SIESTA_ASSIGN_OR_RETURN(limit_dst, BenchMemory::create(o.memory, region_bytes, o.cuda_device));
+    SIESTA_ASSIGN_OR_RETURN(limit_dst, BenchMemory::create(o.memory, region_bytes,
+                                                           o.memory == MemoryKind::kCuda ? peer_device(o) : 0));
     SIESTA_TRY(limit_src->fill(0, region_bytes, 7));
   }
 

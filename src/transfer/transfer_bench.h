@@ -7,7 +7,8 @@
 // size, transfers of `batch` entries of that size run one at a time, each
 // timed from submit() to done, and the limit moves the same bytes the same
 // number of times (memcpy for ipc host memory, cudaMemcpy device-to-device
-// for ipc CUDA memory, a raw UCX put loop for ucx: between the host regions
+// for ipc CUDA memory — from one GPU to the other when the peer's memory is on
+// another device —, a raw UCX put loop for ucx: between the host regions
 // themselves, or between host buffers of the same size when the regions are
 // CUDA memory, whose staging aims at that rate). The two take turns in ten
 // rounds, so load from elsewhere on a shared machine falls on both alike.
@@ -38,7 +39,9 @@ struct TransferBenchOptions {
   std::string ucx_net_devices = "lo";
   bool ucx_peer_error_handling = true;
   std::string ucx_staging = "auto";  // TransferConfig::ucx_staging of both processes
-  int cuda_device = 0;
+  int cuda_device = 0;       // the initiator's memory (and the device that copies, for ipc)
+  int peer_cuda_device = -1;  // the peer's memory; -1: cuda_device. Another GPU: the ipc
+                              // limit is a peer copy (cudaMemcpyPeer) between the two
   // The peer process: an executable and its arguments (argv[0] first).
   std::vector<std::string> peer_argv;
 };
