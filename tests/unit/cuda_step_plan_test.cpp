@@ -111,6 +111,58 @@ TEST(CudaStepPlan, DecodePaddingAddsCachelessRowsAndKeepsOffsetsFixed) {
   EXPECT_FALSE(plan_pass(prefill, 4, StepShape{}));  // padding is for decode only
 }
 
+// Batch-invariant mode: one-token chunks (and graph padding) become 1-row
+// prefill tiles, so every row takes the prefill kernel's arithmetic.
+TEST(CudaStepPlan, OneTokenAsPrefillRoutesEveryRowToPrefillTiles) {
+  const auto prompt = iota_tokens(70);
+  std::vector<int32_t> table(64);
+  std::iota(table.begin(), table.end(), 0);
+  const std::vector<int32_t> one = {5};
+  StepShape shape{256, 64};
+  shape.one_token_as_prefill = true;
+  std::vector<PassChunk> mixed = {{0, {one, 600, table, false}, LogitsWanted::kLast},
+                                  {1, {prompt, 0, table, false}, LogitsWanted::kLast},
+                                  {2, {one, 9, table, false}, LogitsWanted::kLast}};
+  auto plan = plan_pass(mixed, 0, shape);
+  ASSERT_TRUE(plan) << plan.error().message;
+  EXPECT_TRUE(plan->decode_seqs.empty());
+  EXPECT_EQ(plan->max_partitions, 0);
+  // Work: (0, 0) sees 601 positions, (1, 1) 70, (1, 0) 64, (2, 0) 10.
+  EXPECT_EQ(plan->prefill_items, (std::vector<int32_t>{0, 0, 1, 1, 1, 0, 2, 0}));
+  EXPECT_EQ(plan->q_len, (std::vector<int32_t>{1, 70, 1}));
+  EXPECT_EQ(plan->kv_len, (std::vector<int32_t>{601, 70, 10}));
+  EXPECT_EQ(plan->logits_rows, (std::vector<int32_t>{0, 70, 71}));
+
+  // A padded decode step: real and padding rows are all 1-row tiles, and the
+  // image's offsets still depend only on the padded size (graphs stay valid).
+  std::vector<PassChunk> three(3, PassChunk{0, {one, 5, table, false}, LogitsWanted::kLast});
+  std::vector<PassChunk> five(5, PassChunk{0, {one, 300, table, false}, LogitsWanted::kLast});
+  auto p3 = plan_pass(three, 8, shape);
+  auto p5 = plan_pass(five, 8, shape);
+  ASSERT_TRUE(p3 && p5);
+  EXPECT_TRUE(p3->decode_seqs.empty());
+  ASSERT_EQ(p3->prefill_items.size(), 16u);
+  ASSERT_EQ(p5->prefill_items.size(), 16u);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(p3->prefill_items[2 * i + 1], 0);  // tile 0 of each sequence
+  // Padding (kv_len 0, slot -1, no work) sorts last.
+  EXPECT_EQ(p3->prefill_items[0], 0);
+  EXPECT_EQ(p3->prefill_items[14], 7);
+  EXPECT_EQ(p3->kv_len[7], 0);
+  EXPECT_EQ(p3->slots[7], -1);
+  EXPECT_TRUE(p3->logits_rows_are_all_tokens());
+  const StepLayout l3 = step_layout(*p3, true), l5 = step_layout(*p5, true);
+  EXPECT_EQ(l3.prefill_items, l5.prefill_items);
+  EXPECT_EQ(l3.logits_rows, l5.logits_rows);
+  EXPECT_EQ(l3.sampling, l5.sampling);
+  EXPECT_EQ(l3.block_tables, l5.block_tables);
+
+  // The default shape keeps one-token chunks on the decode kernel.
+  auto plain = plan_pass(mixed, 0, StepShape{256, 64});
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->decode_seqs, (std::vector<int32_t>{0, 2}));
+  EXPECT_EQ(plain->prefill_items, (std::vector<int32_t>{1, 1, 1, 0}));
+}
+
 TEST(CudaStepPlan, ImageHoldsTheArraysAndSamplingRecords) {
   const std::vector<int32_t> one = {9}, table = {2};
   std::vector<PassChunk> two(2, PassChunk{0, {one, 5, table, false}, LogitsWanted::kLast});

@@ -12,6 +12,22 @@
 // at position 0 in steps of 64, and tiles past a row's position contribute
 // exact zeros. So a row's output does not depend on which other rows (or
 // sequences) share its CTA, its pass, or how its prompt was chunked.
+// In detail, for a row at position pos:
+//  - its scores are its own MMA row (other rows of the tile, or zero rows
+//    past the chunk, never enter it); the same 64-key tiles from key 0;
+//  - the keys it masks are exactly those past pos (key > pos, and keys at or
+//    past kv_len > pos): the same set whether kv_len is pos + 1 (the row is
+//    its chunk's last, or alone: a 1-row tile) or a later chunk end; the
+//    masked keys' probabilities are exactly 0 and their V is finite (a token
+//    of this chunk, or a zero fill), so they add exact zeros to P V;
+//  - need_mask only skips masking where it would change nothing;
+//  - a tile wholly past pos (present only when later rows share the CTA) has
+//    max -inf, so alpha is exactly 1 and every p is 0: o, l, m unchanged.
+// Batch-invariant mode relies on this to route one-token chunks here too
+// (step_plan.h: one_token_as_prefill), so a decode token and the same token
+// inside a prefill chunk get bit-identical attention outputs.
+// Padding rows (kv_len 0, from a decode graph's padded batch) write zeros and
+// read nothing.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -60,6 +76,15 @@ __global__ __launch_bounds__(128 * kHeads) void prefill_attention_kernel(Attenti
   const int h0 = blockIdx.x * kHeads, item = blockIdx.y;
   const int seq = a.prefill_items[2 * item], tile = a.prefill_items[2 * item + 1];
   const int q_len = a.seq_q_len[seq], kv_len = a.seq_kv_len[seq], q_start = a.seq_q_start[seq];
+  if (kv_len <= 0) {  // padding: defined output, no cache reads (whole CTA returns)
+    const int pad_rows = min(kBM, q_len - tile * kBM), width = kHeads * kHeadDim;
+    for (int i = threadIdx.x; i < pad_rows * width; i += kThreads) {
+      const int r = i / width, c = i % width;
+      a.out[static_cast<size_t>(q_start + tile * kBM + r) * a.num_heads * kHeadDim + h0 * kHeadDim + c] =
+          __float2bfloat16(0.0f);
+    }
+    return;
+  }
   const int start_pos = kv_len - q_len;
   const int kvh = h0 / (a.num_heads / a.num_kv_heads);
   const int r0 = tile * kBM;

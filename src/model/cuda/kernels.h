@@ -121,6 +121,10 @@ cudaError_t launch_decode_attention(const AttentionArgs& args, int num_decode, i
 
 // Causal prefill attention over num_items (sequence, query tile) work items,
 // with tensor cores (bf16 inputs, fp32 scores and softmax, bf16 probabilities).
+// A row's result depends only on its position and its sequence's cache, not on
+// the tile it shares (a 1-row tile, a one-token chunk, gives the same bits as
+// that row inside a longer chunk). Padding sequences (kv_len 0) get zeros and
+// read no cache.
 cudaError_t launch_prefill_attention(const AttentionArgs& args, int num_items, LaunchConfig launch);
 
 // Small-batch projection y[m, n] = sum_k a[m, k] * w[n, k] for M <= kGemvMaxRows,

@@ -211,7 +211,11 @@ struct CudaQwen3::Impl {
   int qkv_cols() const { return cfg.q_dim() + 2 * cfg.kv_dim(); }
   float eps() const { return static_cast<float>(cfg.rms_norm_eps); }
   KvCacheLayout layout() const { return KvCacheLayout::for_model(cfg, sizeof(bf16)); }
-  cuda::StepShape shape() const { return {cuda::kDecodePartitionTokens, cuda::kPrefillTileRows}; }
+  // Batch-invariant mode sends one-token chunks through the prefill kernel
+  // too, so a row's attention does not depend on how its prompt was chunked.
+  cuda::StepShape shape() const {
+    return {cuda::kDecodePartitionTokens, cuda::kPrefillTileRows, opt.batch_invariant};
+  }
   bool use_gemv(int T) const { return !opt.batch_invariant && gemv_ok && T <= cuda::kGemvMaxRows; }
   cuda::LaunchConfig launch() const { return {stream, opt.programmatic_launch}; }
 

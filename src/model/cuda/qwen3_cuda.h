@@ -15,8 +15,11 @@
 // cuBLASLt, or through a fused GEMV for batches of up to 8 tokens, or — with
 // options.batch_invariant — through a fixed-order tensor-core GEMM whose
 // per-row arithmetic does not depend on the batch (nor does anything else:
-// then a request's logits and tokens are bit-identical whatever it is batched
-// with, for the same chunking of its own prompt).
+// then a request's logits, tokens and KV are bit-identical whatever it is
+// batched with AND however its prompt is cut into chunks — one chunk, n-1
+// tokens then 1 as a P/D decode engine computes it, or any other cut — since
+// every query row, decode steps included, takes the prefill attention
+// kernel's per-row arithmetic; README.md says why and what it costs).
 //
 // Every device byte comes from the DeviceAllocator given at load, tagged
 // weights / kv_cache / scratch, and is held at a fixed address for the

@@ -68,7 +68,12 @@ Result<StepPlan> plan_pass(std::span<const PassChunk> chunks, int pad_to_seqs, c
       p.tokens.push_back(0);
       p.positions.push_back(0);
       p.slots.push_back(-1);
-      p.decode_seqs.push_back(s);
+      if (shape.one_token_as_prefill) {
+        p.prefill_items.push_back(s);
+        p.prefill_items.push_back(0);
+      } else {
+        p.decode_seqs.push_back(s);
+      }
       p.logits_rows.push_back(row);
       ++row;
       continue;
@@ -92,7 +97,7 @@ Result<StepPlan> plan_pass(std::span<const PassChunk> chunks, int pad_to_seqs, c
       p.positions.push_back(pos);
       p.slots.push_back(c.block_table[pos / kKvBlockSizeForPlan] * kKvBlockSizeForPlan + pos % kKvBlockSizeForPlan);
     }
-    if (n == 1) {
+    if (n == 1 && !shape.one_token_as_prefill) {
       p.decode_seqs.push_back(s);
       p.max_partitions = std::max(p.max_partitions, (kv_len + shape.partition_tokens - 1) / shape.partition_tokens);
     } else {

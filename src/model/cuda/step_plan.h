@@ -52,6 +52,11 @@ std::vector<std::vector<PassChunk>> split_into_passes(std::span<const SequenceCh
 struct StepShape {
   int partition_tokens = 256;  // kDecodePartitionTokens
   int prefill_tile_rows = 64;  // kPrefillTileRows
+  // One attention path for every row (batch-invariant mode): a chunk of one
+  // token (and a padding row) becomes a prefill work item (a 1-row tile)
+  // instead of a decode sequence, so a row's attention arithmetic is the
+  // prefill kernel's whether its token came alone or inside a longer chunk.
+  bool one_token_as_prefill = false;
 };
 
 struct StepPlan {
@@ -61,7 +66,7 @@ struct StepPlan {
   std::vector<int32_t> tokens, positions, slots;              // [T]; slot = block * 16 + offset, -1: none
   std::vector<int32_t> q_start, q_len, kv_len, table_start;  // [S]
   std::vector<int32_t> block_tables;                         // the blocks each sequence uses, concatenated
-  std::vector<int32_t> decode_seqs;                          // sequences with one new token
+  std::vector<int32_t> decode_seqs;                          // sequences with one new token (unless one_token_as_prefill)
   std::vector<int32_t> prefill_items;                        // (sequence, query tile) pairs, most work first
   int max_partitions = 0;                                    // decode partitions of the longest decode sequence
   std::vector<int32_t> logits_rows;                          // activation rows to project, in output order
@@ -74,7 +79,9 @@ struct StepPlan {
 };
 
 // Flattens one pass. pad_to_seqs > num chunks pads with empty decode rows
-// (only for passes where every chunk has one token and wants its logits).
+// (only for passes where every chunk has one token and wants its logits);
+// with shape.one_token_as_prefill they are prefill items like every row.
+// The image's sizes still depend only on the number of sequences and tokens.
 Result<StepPlan> plan_pass(std::span<const PassChunk> chunks, int pad_to_seqs, const StepShape& shape);
 
 // The metadata image: sections of int32 (and SamplingRow records), each
