@@ -43,20 +43,25 @@ struct BackendCase {
   const char* transports;
   const char* devices;
   bool peer_error_handling;
-  const char* ucx_staging = "auto";
+  const char* ucx_staging = "auto";       // this process's TransferConfig::ucx_staging
+  const char* peer_ucx_staging = nullptr;  // the peer's; null: the same
 };
 
 // UCX 1.13's shared-memory transports have no peer error handling: that case
 // runs without it (the peer's exit is then seen through its pid). The staged
 // cases move host memory through the ucx backend's staging path (what CUDA
 // memory takes where UCX cannot register it) with chunks small enough that
-// entries span several and a batch waits for free ones.
+// entries span several and a batch waits for free ones: on both sides, only
+// ours (puts and gets through our chunks), only the peer's (its progress
+// thread serves our active messages).
 const BackendCase kCases[] = {
     {"ipc", "ipc", "", "", true},
     {"ucx_tcp", "ucx", "tcp", "lo", true},
     {"ucx_sm", "ucx", "sm,self", "", false},
     {"ucx_tcp_staged", "ucx", "tcp", "lo", true, "always"},
     {"ucx_sm_staged", "ucx", "sm,self", "", false, "always"},
+    {"ucx_tcp_staged_here", "ucx", "tcp", "lo", true, "always", "auto"},
+    {"ucx_tcp_staged_there", "ucx", "tcp", "lo", true, "auto", "always"},
 };
 constexpr size_t kStagingChunkBytes = 16u << 10;
 constexpr size_t kStagingChunks = 4;
@@ -69,14 +74,14 @@ const BackendCase* find_case(const std::string& name) {
   return nullptr;
 }
 
-TransferConfig config_for(const BackendCase& c, const std::string& engine_id) {
+TransferConfig config_for(const BackendCase& c, const std::string& engine_id, bool peer = false) {
   TransferConfig cfg;
   cfg.engine_id = engine_id;
   cfg.backend = c.backend;
   cfg.ucx_transports = c.transports;
   cfg.ucx_net_devices = c.devices;
   cfg.ucx_peer_error_handling = c.peer_error_handling;
-  cfg.ucx_staging = c.ucx_staging;
+  cfg.ucx_staging = peer && c.peer_ucx_staging != nullptr ? c.peer_ucx_staging : c.ucx_staging;
   cfg.ucx_staging_chunk_bytes = kStagingChunkBytes;
   cfg.ucx_staging_chunks = kStagingChunks;
   cfg.side_channel.host = "127.0.0.1";
@@ -139,7 +144,7 @@ constexpr size_t kRegionBytes[2] = {1u << 20, 256u << 10};
 
 int run_peer(const BackendCase& c) {
   init_logging("warn");  // to stderr: stdout carries the ADDRESS line
-  auto engine = TransferEngine::create(config_for(c, fmt::format("peer-{}", getpid())));
+  auto engine = TransferEngine::create(config_for(c, fmt::format("peer-{}", getpid()), true));
   if (!engine) {
     fprintf(stderr, "peer: %s\n", engine.error().message.c_str());
     return 1;
@@ -223,7 +228,47 @@ int run_peer(const BackendCase& c) {
   return 0;
 }
 
+// A second initiator (SIESTA_TRANSFER_TEST_HAMMER=<case> <peer address>):
+// reads region 0 of the peer and writes its region 1, batch after batch, in
+// big entries, until it is killed; says ADDRESS once the first batch is done.
+int run_hammer(const BackendCase& c, const std::string& address) {
+  init_logging("error");
+  auto engine = TransferEngine::create(config_for(c, fmt::format("hammer-{}", getpid())));
+  if (!engine) return 1;
+  MemfdBuffer memory(1u << 20, "siesta-test-hammer");
+  auto local = (*engine)->register_region(memory.spec());
+  auto peer = (*engine)->connect(address, deadline_after(10000ms));
+  auto ids = (*engine)->send_message(address, "ids", deadline_after(10000ms));
+  if (!local || !peer || !ids) return 2;
+  RegionId remote[2];
+  std::istringstream in(*ids);
+  in >> remote[0].value >> remote[1].value;
+  for (bool said = false;;) {
+    std::vector<XferId> batch;
+    for (int i = 0; i < 4; ++i) {
+      bool read = i % 2 == 0;
+      XferEntry e{*local, read ? 0u : (512u << 10), remote[read ? 0 : 1], 0, read ? (512u << 10) : (256u << 10)};
+      auto id = (*engine)->submit(*peer, read ? XferOp::kRead : XferOp::kWrite, {e}, std::nullopt,
+                                  deadline_after(10000ms));
+      if (id) batch.push_back(*id);
+    }
+    for (XferId id : batch) (void)(*engine)->wait(id, deadline_after(15000ms));
+    if (!said) {
+      printf("ADDRESS hammering\n");
+      fflush(stdout);
+      said = true;
+    }
+  }
+}
+
 const int kPeerMode = [] {
+  if (const char* hammer = std::getenv("SIESTA_TRANSFER_TEST_HAMMER")) {
+    std::istringstream in(hammer);
+    std::string name, address;
+    in >> name >> address;
+    const BackendCase* c = find_case(name);
+    std::_Exit(c ? run_hammer(*c, address) : 3);
+  }
   const char* name = std::getenv("SIESTA_TRANSFER_TEST_PEER");
   if (name == nullptr) return 0;
   const BackendCase* c = find_case(name);
@@ -241,7 +286,10 @@ struct PeerProcess {
   int to_child = -1;
   std::string address;
 
-  static PeerProcess spawn(const BackendCase& c) {
+  static PeerProcess spawn(const BackendCase& c) { return spawn(std::string("SIESTA_TRANSFER_TEST_PEER=") + c.name); }
+
+  // This test binary again, with `mode` (NAME=VALUE) in its environment.
+  static PeerProcess spawn(const std::string& mode) {
     PeerProcess p;
     int in[2], out[2];
     if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) std::abort();
@@ -251,7 +299,7 @@ struct PeerProcess {
     posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
     std::vector<std::string> env_strings;
     for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
-    env_strings.push_back(std::string("SIESTA_TRANSFER_TEST_PEER=") + c.name);
+    env_strings.push_back(mode);
     std::vector<char*> envp;
     for (auto& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);
@@ -549,6 +597,32 @@ TEST_P(TransferTwoProcess, PeerKilledMidTransferFailsBeforeTheDeadline) {
   EXPECT_EQ(after.size() + refused_at_submit, 8u);
   EXPECT_LT(Clock::now() - start, 8000ms);
   EXPECT_EQ(*engine_->peer_state(peer_id_), PeerState::kError);
+}
+
+TEST_P(TransferTwoProcess, InitiatorKilledMidTransferLeavesThePeerServing) {
+  // Another initiator keeps big reads and writes in flight to the peer (for
+  // a staged peer: requests queued for its chunks, data on the wire, copies
+  // running) and is killed among them.
+  const BackendCase& c = GetParam();
+  if (std::string(c.peer_ucx_staging ? c.peer_ucx_staging : c.ucx_staging) == "always" && !c.peer_error_handling)
+    GTEST_SKIP() << "without peer error handling UCX treats a transport error as fatal: a staged peer that reads "
+                    "the dead initiator's data (CMA) is aborted by UCX itself";
+  PeerProcess hammer =
+      PeerProcess::spawn(fmt::format("SIESTA_TRANSFER_TEST_HAMMER={} {}", GetParam().name, peer_.address));
+  ASSERT_EQ(hammer.address, "hammering") << "the second initiator did not get a transfer through";
+  std::this_thread::sleep_for(30ms);
+  hammer.kill_now();
+  // The peer goes on serving us, byte for byte, well within the deadline.
+  auto start = Clock::now();
+  for (int i = 0; i < 4; ++i) {
+    size_t off = static_cast<size_t>(i) * (128u << 10);
+    fill_pattern(local_->data + off, 128u << 10, 900 + i);
+    ASSERT_TRUE(run(XferOp::kWrite, {XferEntry{local_id_, off, remote_[0], off, 128u << 10}}).done());
+    ASSERT_TRUE(run(XferOp::kRead, {XferEntry{local_id_, off + (512u << 10), remote_[0], off, 128u << 10}}).done());
+    EXPECT_EQ(0, std::memcmp(local_->data + off, local_->data + off + (512u << 10), 128u << 10)) << "round " << i;
+  }
+  EXPECT_LT(Clock::now() - start, 5000ms);
+  EXPECT_EQ(command("ping"), "pong");
 }
 
 int connect_raw(const std::string& address) {

@@ -13,6 +13,7 @@ constexpr uint8_t kOkCode = 0xff;
 
 std::string encode_staged_request(const StagedRequest& r) {
   WireWriter w;
+  w.u64(r.initiator);
   w.u64(r.token);
   w.u64(r.region.value);
   w.u32(r.slot);
@@ -26,6 +27,7 @@ std::string encode_staged_request(const StagedRequest& r) {
 Result<StagedRequest> decode_staged_request(const void* header, size_t bytes) {
   WireReader in(std::string_view(static_cast<const char*>(header), bytes));
   StagedRequest r;
+  r.initiator = in.u64();
   r.token = in.u64();
   r.region.value = in.u64();
   r.slot = in.u32();
@@ -60,6 +62,35 @@ Result<StagedReply> decode_staged_reply(const void* header, size_t bytes) {
     return corrupt("a malformed staged-transfer reply");
   if (code != kOkCode) r.result = Status{static_cast<ErrorCode>(code), std::move(message)};
   return r;
+}
+
+std::string encode_staged_hello(const StagedHello& h) {
+  WireWriter w;
+  w.u64(h.key);
+  h.identity.encode(w);
+  return w.take();
+}
+
+Result<StagedHello> decode_staged_hello(const void* header, size_t bytes) {
+  WireReader in(std::string_view(static_cast<const char*>(header), bytes));
+  StagedHello h;
+  h.key = in.u64();
+  h.identity = ProcessIdentity::decode(in);
+  if (!in.done()) return corrupt("a malformed staged-transfer hello");
+  return h;
+}
+
+std::string encode_initiator_key(uint64_t key) {
+  WireWriter w;
+  w.u64(key);
+  return w.take();
+}
+
+Result<uint64_t> decode_initiator_key(const void* header, size_t bytes) {
+  WireReader in(std::string_view(static_cast<const char*>(header), bytes));
+  uint64_t key = in.u64();
+  if (!in.done()) return corrupt("a malformed staged-transfer bye");
+  return key;
 }
 
 }  // namespace siesta::transfer::ucx

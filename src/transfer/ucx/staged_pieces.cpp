@@ -24,9 +24,8 @@ using State = StagedPiece::State;
 void on_piece_request_done(void* request, ucs_status_t status, void* user_data) {
   auto* p = static_cast<StagedPiece*>(user_data);
   UcxXfer* x = p->xfer;
-  x->requests.erase(request);
   ucp_request_free(request);
-  p->request = nullptr;
+  p->in_flight = false;
   if (x->orphaned) {
     StagingPool* pool = x->backend->initiator_pool();  // null once the backend is going away
     if (p->chunk != nullptr && pool != nullptr) pool->release(p->chunk);
@@ -64,7 +63,6 @@ void on_recv_done(void* request, ucs_status_t status, size_t, void* user_data) {
 // A request whose completion only counts (kStagedReadRequest).
 void on_plain_request_done(void* request, ucs_status_t status, void* user_data) {
   auto* x = static_cast<UcxXfer*>(user_data);
-  x->requests.erase(request);
   ucp_request_free(request);
   if (x->orphaned) {
     if (--x->outstanding == 0) x->backend->drop_orphan(x);
@@ -173,7 +171,7 @@ Ok UcxPeer::start_piece(StagedPiece& p) {
   }
   if (p.remote_staged) {
     const RegionDesc& d = meta_.regions[s.remote_index];
-    StagedRequest req{0, d.id, d.slot, meta_.epoch, s.remote_offset + p.offset, p.bytes,
+    StagedRequest req{initiator_key_, 0, d.id, d.slot, meta_.epoch, s.remote_offset + p.offset, p.bytes,
                       static_cast<uint32_t>(millis_left(x->plan.deadline))};
     p.token = backend_.await_reply(&p);
     req.token = p.token;
@@ -184,16 +182,17 @@ Ok UcxPeer::start_piece(StagedPiece& p) {
     r.user_data = x;
     r.flags = UCP_AM_SEND_FLAG_REPLY;
     p.state = State::kAwaitData;
-    issue(x, ucp_am_send_nbx(ep_, kStagedReadRequest, p.header.data(), p.header.size(), nullptr, 0, &r));
+    issue(x, [&] { return ucp_am_send_nbx(ep_, kStagedReadRequest, p.header.data(), p.header.size(), nullptr, 0, &r); });
     return {};
   }
   // READ from a direct region into the chunk.
   ucp_request_param_t r = piece_param(p);
   r.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-  r.memh = backend_.initiator_pool()->memh();
+  r.memh = p.chunk->memh;
   uint64_t remote = meta_.regions[s.remote_index].base + s.remote_offset + p.offset;
   --x->direct_unposted;
-  issue_piece(p, ucp_get_nbx(ep_, p.chunk->data, p.bytes, remote, rkeys_[s.remote_index], &r), State::kGetting);
+  issue_piece(p, State::kGetting,
+              [&] { return ucp_get_nbx(ep_, p.chunk->data, p.bytes, remote, rkeys_[s.remote_index], &r); });
   return {};
 }
 
@@ -204,7 +203,7 @@ Ok UcxPeer::send_piece(StagedPiece& p) {
   const XferSegment& s = x->plan.segments[p.segment];
   const void* from = p.chunk != nullptr ? static_cast<const void*>(p.chunk->data)
                                         : static_cast<const char*>(s.local) + p.offset;
-  ucp_mem_h memh = p.chunk != nullptr ? backend_.initiator_pool()->memh() : backend_.local_memh(s.local_region);
+  ucp_mem_h memh = p.chunk != nullptr ? p.chunk->memh : backend_.local_memh(s.local_region);
   ucp_request_param_t r = piece_param(p);
   if (memh != nullptr) {
     r.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
@@ -213,35 +212,38 @@ Ok UcxPeer::send_piece(StagedPiece& p) {
   const RegionDesc& d = meta_.regions[s.remote_index];
   if (!p.remote_staged) {
     --x->direct_unposted;
-    issue_piece(p, ucp_put_nbx(ep_, from, p.bytes, d.base + s.remote_offset + p.offset, rkeys_[s.remote_index], &r),
-                State::kSending);
+    issue_piece(p, State::kSending, [&] {
+      return ucp_put_nbx(ep_, from, p.bytes, d.base + s.remote_offset + p.offset, rkeys_[s.remote_index], &r);
+    });
     return {};
   }
-  StagedRequest req{0, d.id, d.slot, meta_.epoch, s.remote_offset + p.offset, p.bytes,
+  StagedRequest req{initiator_key_, 0, d.id, d.slot, meta_.epoch, s.remote_offset + p.offset, p.bytes,
                     static_cast<uint32_t>(millis_left(x->plan.deadline))};
   p.token = backend_.await_reply(&p);
   req.token = p.token;
   p.header = encode_staged_request(req);
   r.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
   r.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_RNDV;
-  issue_piece(p, ucp_am_send_nbx(ep_, kStagedWrite, p.header.data(), p.header.size(), from, p.bytes, &r),
-              State::kSending);
+  issue_piece(p, State::kSending,
+              [&] { return ucp_am_send_nbx(ep_, kStagedWrite, p.header.data(), p.header.size(), from, p.bytes, &r); });
   return {};
 }
 
-// Records the request of a piece's next step; one that completed at once
-// moves the piece on here, as its callback would have.
-void UcxPeer::issue_piece(StagedPiece& p, ucs_status_ptr_t sp, State next) {
+// Starts a piece's next step with a UCX request. The piece is in `next` and
+// counted before the call: UCX may complete the request, and run its
+// callback, inside the call. One that completed at once moves the piece on
+// here, as its callback would have.
+void UcxPeer::issue_piece(StagedPiece& p, State next, const std::function<ucs_status_ptr_t()>& call) {
   UcxXfer* x = p.xfer;
   p.state = next;
+  p.in_flight = true;
+  ++x->outstanding;
+  ucs_status_ptr_t sp = call();
+  if (sp != nullptr && !UCS_PTR_IS_ERR(sp)) return;  // its callback moves the piece on
+  p.in_flight = false;
+  --x->outstanding;
   if (UCS_PTR_IS_ERR(sp)) {
     fail_piece(p, ucx_error(fmt::format("UCX operation with peer {}", meta_.engine_id).c_str(), UCS_PTR_STATUS(sp)));
-    return;
-  }
-  if (sp != nullptr) {
-    x->requests.insert(sp);
-    ++x->outstanding;
-    p.request = sp;
     return;
   }
   switch (next) {
@@ -299,12 +301,13 @@ void UcxPeer::step_piece(StagedPiece& p) {
       r.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
       r.cb.recv_am = on_recv_done;
       r.user_data = &p;
-      ucp_mem_h memh = p.chunk != nullptr ? pool->memh() : backend_.local_memh(s.local_region);
+      ucp_mem_h memh = p.chunk != nullptr ? p.chunk->memh : backend_.local_memh(s.local_region);
       if (memh != nullptr) {
         r.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
         r.memh = memh;
       }
-      issue_piece(p, ucp_am_recv_data_nbx(backend_.worker().worker(), desc, into, p.bytes, &r), State::kReceiving);
+      issue_piece(p, State::kReceiving,
+                  [&] { return ucp_am_recv_data_nbx(backend_.worker().worker(), desc, into, p.bytes, &r); });
       break;
     }
     default:
@@ -381,17 +384,24 @@ void UcxPeer::piece_done(StagedPiece& p) {
 // The transfer ends (done, failed or orphaned): its chunks go back (those
 // with a copy still running once it ended), its tokens are forgotten, and
 // data that arrived but was not received is dropped. A piece whose UCX
-// request still runs keeps its chunk until the request's callback.
-void UcxPeer::release_staging(UcxXfer* x) {
+// request still runs keeps its chunk until the request's callback; when the
+// transfer is orphaned (a dead peer without UCX peer error handling, whose
+// requests may never end) such a chunk is retired instead.
+void UcxPeer::release_staging(UcxXfer* x, bool orphaning) {
   for (StagedPiece& p : x->pieces) {
     if (p.token != 0) backend_.forget(p.token);
     p.token = 0;
     if (p.arrived != nullptr) ucp_am_data_release(backend_.worker().worker(), p.arrived);
     p.arrived = nullptr;
-    if (p.chunk != nullptr && p.request == nullptr) {
+    if (p.chunk == nullptr) continue;
+    if (!p.in_flight) {
       backend_.initiator_pool()->release(p.chunk);
-      p.chunk = nullptr;
+    } else if (orphaning) {
+      backend_.initiator_pool()->retire(p.chunk);
+    } else {
+      continue;
     }
+    p.chunk = nullptr;
   }
 }
 

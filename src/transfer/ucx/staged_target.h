@@ -15,6 +15,12 @@
 // for a chunk; one holding a chunk needs nothing else to finish, so the pool
 // cannot deadlock (the initiator side has a pool of its own).
 //
+// Answers go through an endpoint of our own to each initiator (made when its
+// kStagedHello arrives, closed on kStagedBye, force-closed when it fails or,
+// without UCX peer error handling, when its process exits), so a request of
+// an initiator that died is dropped and frees its chunk, not answered into a
+// dead endpoint.
+//
 // Lifecycle: install() before the worker's thread starts; add_region /
 // remove_region from the engine's thread; set_pool() and tick() on the
 // progress thread; destroy after the worker's thread stopped.
@@ -44,12 +50,15 @@ namespace siesta::transfer::ucx {
 
 class StagingPool;
 class UcxWorker;
+struct InitiatorContext;
 struct StagingChunk;
 struct TargetRequestContext;
 
 class StagedTarget {
  public:
-  StagedTarget(UcxWorker& worker, const RegionTable& table);
+  // peer_error_handling: whether our endpoints to initiators use UCX's peer
+  // error handling (TransferConfig::ucx_peer_error_handling).
+  StagedTarget(UcxWorker& worker, const RegionTable& table, bool peer_error_handling);
   ~StagedTarget();
   StagedTarget(const StagedTarget&) = delete;
   StagedTarget& operator=(const StagedTarget&) = delete;
@@ -64,6 +73,8 @@ class StagedTarget {
 
   // --- progress thread ---
   void set_pool(std::unique_ptr<StagingPool> pool);
+  // Our endpoint to initiator `key` failed (it exited): its requests go unanswered.
+  void initiator_failed(uint64_t key, ucs_status_t status);
   StagingPool* pool() { return pool_.get(); }
   // Moves requests along; true while any is in flight.
   bool tick();
@@ -88,7 +99,6 @@ class StagedTarget {
     };
     bool write = false;
     StagedRequest req;
-    ucp_ep_h reply_ep = nullptr;
     void* rendezvous = nullptr;  // write: the data's descriptor, not received yet
     std::vector<char> eager;     // write: data that came with the message
     State state = State::kQueued;
@@ -99,8 +109,23 @@ class StagedTarget {
     TargetRequestContext* in_flight = nullptr;  // a UCX request of ours runs
   };
 
+  struct Initiator {
+    ucp_ep_h ep = nullptr;
+    InitiatorContext* context = nullptr;  // the endpoint's error handler argument
+    int watch = -1;                       // a pidfd of its process (no peer error handling), or -1
+    bool failed = false;                  // its endpoint failed or it exited: nothing more goes to it
+    bool leaving = false;                 // it said kStagedBye
+  };
+
   static ucs_status_t on_request(void* arg, const void* header, size_t header_length, void* data, size_t length,
                                  const ucp_am_recv_param_t* param);
+  static ucs_status_t on_hello(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                               const ucp_am_recv_param_t* param);
+  static ucs_status_t on_bye(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                             const ucp_am_recv_param_t* param);
+  void hello(const StagedHello& h, const void* address, size_t bytes);
+  void close_initiators();
+  void abandon(std::unique_ptr<Request>& q);
   ucs_status_t accept(bool write, const void* header, size_t header_length, void* data, size_t length,
                       const ucp_am_recv_param_t* param);
   // Checks the request against the region table and the regions we serve;
@@ -114,6 +139,7 @@ class StagedTarget {
 
   UcxWorker& worker_;
   const RegionTable& table_;
+  const bool peer_error_handling_;
 
   std::mutex mu_;
   std::condition_variable idle_cv_;
@@ -122,6 +148,10 @@ class StagedTarget {
   // progress thread
   std::unique_ptr<StagingPool> pool_;
   std::deque<std::unique_ptr<Request>> requests_;
+  std::vector<std::unique_ptr<Request>> abandoned_;  // of dead initiators; UCX may never complete them
+  std::map<uint64_t, Initiator> initiators_;
+  ProcessIdentity identity_ = ProcessIdentity::of_this_process();
+  Clock::time_point last_watch_{};
 };
 
 }  // namespace siesta::transfer::ucx

@@ -13,23 +13,32 @@ Result<std::unique_ptr<StagingPool>> StagingPool::create(ucp_context_h context, 
   std::unique_ptr<StagingPool> p(new StagingPool());
   p->context_ = context;
   p->chunk_bytes_ = chunk_bytes;
-  SIESTA_ASSIGN_OR_RETURN(p->memory_, StagingMemory::allocate(chunk_bytes * chunks, pinned));
-  SIESTA_ASSIGN_OR_RETURN(auto mapped, map_memory(context, p->memory_->data(), p->memory_->bytes(),
-                                                  UCS_MEMORY_TYPE_HOST, false));
-  p->memh_ = mapped.memh;
+  p->size_ = chunks;
+  p->pinned_ = pinned;
+  SIESTA_TRY(p->add_slab(chunks));
+  return p;
+}
+
+Ok StagingPool::add_slab(size_t chunks) {
+  Slab slab;
+  SIESTA_ASSIGN_OR_RETURN(slab.memory, StagingMemory::allocate(chunk_bytes_ * chunks, pinned_));
+  SIESTA_ASSIGN_OR_RETURN(MappedMemory mapped, map_memory(context_, slab.memory->data(), slab.memory->bytes(),
+                                                          UCS_MEMORY_TYPE_HOST, false));
+  slab.memh = mapped.memh;
   for (size_t i = 0; i < chunks; ++i) {
     auto c = std::make_unique<StagingChunk>();
-    c->data = p->memory_->data() + i * chunk_bytes;
-    c->index = i;
-    p->free_.push_back(c.get());
-    p->chunks_.push_back(std::move(c));
+    c->data = slab.memory->data() + i * chunk_bytes_;
+    c->memh = slab.memh;
+    free_.push_back(c.get());
+    chunks_.push_back(std::move(c));
   }
-  return p;
+  slabs_.push_back(std::move(slab));
+  return {};
 }
 
 StagingPool::~StagingPool() {
   for (auto& c : chunks_) c->copy.wait();
-  if (memh_ != nullptr) ucp_mem_unmap(context_, memh_);
+  for (Slab& s : slabs_) ucp_mem_unmap(context_, s.memh);
 }
 
 StagingChunk* StagingPool::acquire() {
@@ -46,6 +55,20 @@ void StagingPool::release(StagingChunk* chunk) {
   } else {
     free_.push_back(chunk);
   }
+}
+
+void StagingPool::retire(StagingChunk* chunk) {
+  if (chunk == nullptr) return;
+  // Its memory stays mapped and allocated until the pool goes; only its place is taken.
+  if (!growing_) return;
+  if (retired_ >= size_) {
+    SIESTA_LOG_WARN("ucx staging: {} chunks were held by requests to dead peers; the pool shrinks", retired_ + 1);
+    ++retired_;
+    return;
+  }
+  ++retired_;
+  Ok added = add_slab(1);
+  if (!added) SIESTA_LOG_WARN("ucx staging: no fresh chunk for a retired one: {}", added.error().message);
 }
 
 bool StagingPool::poll() {

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <random>
+
 #include "common/log.h"
 #include "transfer/region_table.h"
 #include "transfer/transfer_config.h"
@@ -79,7 +81,8 @@ Result<std::unique_ptr<UcxBackend>> UcxBackend::create(const TransferConfig& con
   b->identity_ = ProcessIdentity::of_this_process();
   b->identity_.encode(w);
   b->engine_blob_ = w.take();
-  b->target_ = std::make_unique<StagedTarget>(*b->worker_, table);
+  b->target_ = std::make_unique<StagedTarget>(*b->worker_, table, config.ucx_peer_error_handling);
+  b->keys_.seed(std::random_device{}());
   SIESTA_TRY(b->target_->install());
   SIESTA_TRY(b->install_handlers());
   UcxBackend* raw = b.get();
@@ -91,6 +94,7 @@ UcxBackend::UcxBackend(RegionTable& table) : table_(table) {}
 
 UcxBackend::~UcxBackend() {
   worker_->stop();
+  if (initiator_pool_) initiator_pool_->stop_growing();
   // Transfers still in flight (a peer that never answered) fail now.
   std::vector<UcxXfer*> stuck(active_.begin(), active_.end());
   for (UcxXfer* x : stuck) {
@@ -183,6 +187,12 @@ std::optional<int> UcxBackend::local_staging(RegionId id) {
   auto it = staged_.find(id);
   if (it == staged_.end()) return std::nullopt;
   return it->second;
+}
+
+uint64_t UcxBackend::new_initiator_key() {
+  uint64_t key = 0;
+  while (key == 0) key = keys_();
+  return key;
 }
 
 uint64_t UcxBackend::await_reply(StagedPiece* piece) {

@@ -31,6 +31,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <string_view>
@@ -96,6 +97,8 @@ class UcxBackend final : public TransferBackend {
   // --- progress thread: staging ---
   // The pool of chunks for our own staged regions; null until one was registered.
   StagingPool* initiator_pool() { return initiator_pool_.get(); }
+  // A fresh name for us as an initiator of staged requests to one peer (kStagedHello).
+  uint64_t new_initiator_key();
   // Names a piece that awaits the peer's reply; forget() when it no longer does.
   uint64_t await_reply(StagedPiece* piece);
   void forget(uint64_t token);
@@ -139,6 +142,7 @@ class UcxBackend final : public TransferBackend {
   std::unique_ptr<StagingPool> initiator_pool_;  // progress thread (once handed over)
   std::unordered_map<uint64_t, StagedPiece*> awaiting_;  // progress thread
   uint64_t next_token_ = 1;                               // progress thread
+  std::mt19937_64 keys_;                                  // progress thread
 
   ProcessIdentity identity_;
   std::set<UcxXfer*> active_;  // progress thread only

@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "transfer/region_table.h"
+#include "transfer/ucx/staged_messages.h"
 #include "transfer/ucx/ucx_backend.h"
 
 namespace siesta::transfer::ucx {
@@ -24,7 +25,6 @@ constexpr auto kReleaseGrace = std::chrono::milliseconds(1000);
 
 void on_request_done(void* request, ucs_status_t status, void* user_data) {
   auto* x = static_cast<UcxXfer*>(user_data);
-  x->requests.erase(request);
   ucp_request_free(request);
   if (x->orphaned) {
     if (--x->outstanding == 0) x->backend->drop_orphan(x);
@@ -162,6 +162,13 @@ void UcxPeer::open(std::function<void(Ok)> done) {
     done(ucx_error(fmt::format("unpacking the region-table rkey of peer {}", meta_.engine_id).c_str(), st));
     return;
   }
+  // A peer with staged regions answers our requests through an endpoint of
+  // its own: tell it where we are (before any request, on the same endpoint).
+  if (std::find(remote_staged_.begin(), remote_staged_.end(), true) != remote_staged_.end()) {
+    initiator_key_ = backend_.new_initiator_key();
+    send_key(kStagedHello, encode_staged_hello(StagedHello{initiator_key_, ProcessIdentity::of_this_process()}),
+             backend_.worker().address());
+  }
   // A flush completes the connection, so an unreachable peer fails the handshake.
   struct FlushState {
     std::function<void(Ok)> done;
@@ -189,6 +196,20 @@ void UcxPeer::open(std::function<void(Ok)> done) {
     fs->done(ucx_error(fmt::format("connecting to peer {} over UCX", meta_.engine_id).c_str(), UCS_PTR_STATUS(sp)));
     delete fs;
   }
+}
+
+// kStagedHello / kStagedBye; nothing waits for it.
+void UcxPeer::send_key(unsigned id, std::string header_bytes, const std::string& data) {
+  auto* header = new std::string(std::move(header_bytes));  // UCX reads it until the send completes
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = [](void* request, ucs_status_t, void* user_data) {
+    ucp_request_free(request);
+    delete static_cast<std::string*>(user_data);
+  };
+  p.user_data = header;
+  ucs_status_ptr_t sp = ucp_am_send_nbx(ep_, id, header->data(), header->size(), data.data(), data.size(), &p);
+  if (sp == nullptr || UCS_PTR_IS_ERR(sp)) delete header;
 }
 
 void UcxPeer::post(XferPlan plan, XferDone done) {
@@ -232,15 +253,15 @@ void UcxPeer::start(UcxXfer* x) {
   backend_.ready(x);
 }
 
-void UcxPeer::issue(UcxXfer* x, ucs_status_ptr_t sp) {
-  if (sp == nullptr) return;  // done already
-  if (UCS_PTR_IS_ERR(sp)) {
-    if (!x->failure)
-      x->failure = ucx_error(fmt::format("UCX operation with peer {}", meta_.engine_id).c_str(), UCS_PTR_STATUS(sp));
-    return;
-  }
-  x->requests.insert(sp);
+// Counts the request before the call: UCX may complete it, and run its
+// callback, inside the call.
+void UcxPeer::issue(UcxXfer* x, const std::function<ucs_status_ptr_t()>& call) {
   ++x->outstanding;
+  ucs_status_ptr_t sp = call();
+  if (sp != nullptr && !UCS_PTR_IS_ERR(sp)) return;  // its callback counts it done
+  --x->outstanding;                                   // done at once, or refused: no callback
+  if (UCS_PTR_IS_ERR(sp) && !x->failure)
+    x->failure = ucx_error(fmt::format("UCX operation with peer {}", meta_.engine_id).c_str(), UCS_PTR_STATUS(sp));
 }
 
 namespace {
@@ -267,7 +288,7 @@ void UcxPeer::fetch_table(UcxXfer* x) {
   size_t words = std::min<size_t>(kRegionTableHeaderWords + max_slot + 1, table_.bytes / sizeof(uint64_t));
   x->table.assign(words, 0);
   ucp_request_param_t p = request_param(x);
-  issue(x, ucp_get_nbx(ep_, x->table.data(), words * sizeof(uint64_t), table_.address, table_rkey_, &p));
+  issue(x, [&] { return ucp_get_nbx(ep_, x->table.data(), words * sizeof(uint64_t), table_.address, table_rkey_, &p); });
   if (x->outstanding == 0) backend_.ready(x);
 }
 
@@ -284,9 +305,9 @@ void UcxPeer::send_data(UcxXfer* x) {
       p.memh = memh;
     }
     if (x->plan.op == XferOp::kWrite) {
-      issue(x, ucp_put_nbx(ep_, s.local, s.bytes, remote, rkeys_[s.remote_index], &p));
+      issue(x, [&] { return ucp_put_nbx(ep_, s.local, s.bytes, remote, rkeys_[s.remote_index], &p); });
     } else {
-      issue(x, ucp_get_nbx(ep_, s.local, s.bytes, remote, rkeys_[s.remote_index], &p));
+      issue(x, [&] { return ucp_get_nbx(ep_, s.local, s.bytes, remote, rkeys_[s.remote_index], &p); });
     }
     if (x->failure) break;
   }
@@ -359,7 +380,7 @@ void UcxPeer::advance(UcxXfer* x) {
 }
 
 void UcxPeer::complete(UcxXfer* x, Ok result) {
-  release_staging(x);
+  release_staging(x, false);
   backend_.untrack(x);
   xfers_.erase(x);
   std::shared_ptr<UcxPeer> self = std::move(x->peer);
@@ -420,7 +441,7 @@ void UcxPeer::abandon(UcxXfer* x, const Status& why) {
 }
 
 void UcxPeer::orphan(UcxXfer* x) {
-  release_staging(x);
+  release_staging(x, true);
   backend_.untrack(x);
   xfers_.erase(x);
   backend_.adopt_orphan(x);
@@ -460,6 +481,8 @@ Ok UcxPeer::release(Deadline deadline) {
   auto closed = std::make_shared<Waiter<bool>>();
   auto self = shared_from_this();
   backend_.worker().post([self, closed] {
+    if (self->initiator_key_ != 0 && self->ep_ != nullptr)  // before the close flushes
+      self->send_key(kStagedBye, encode_initiator_key(self->initiator_key_), {});
     for (ucp_rkey_h& r : self->rkeys_) {
       if (r != nullptr) ucp_rkey_destroy(r);
       r = nullptr;

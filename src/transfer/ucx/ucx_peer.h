@@ -41,6 +41,7 @@
 #include <ucp/api/ucp.h>
 
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -89,7 +90,7 @@ struct StagedPiece {
   int device = -1;  // the local region's CUDA device, -1 for host memory
   State state = State::kIdle;
   StagingChunk* chunk = nullptr;
-  void* request = nullptr; // its UCX request in flight, if any
+  bool in_flight = false;  // its UCX request runs (its callback has not come)
   uint64_t token = 0;      // while the peer's reply is awaited
   std::string header;      // of its request to the peer: UCX 1.13 reads it until the send completes
   bool acked = false;      // WRITE to a staged region: the ack came (maybe before the send completed)
@@ -107,7 +108,6 @@ struct UcxXfer {
   size_t outstanding = 0;      // UCX requests not yet completed
   bool queued = false;         // in the backend's ready list
   bool orphaned = false;       // failed and handed back; only its requests keep it
-  std::set<void*> requests;
   std::optional<Status> failure;
   std::vector<uint64_t> table;  // the fetched region table words
 
@@ -163,22 +163,23 @@ class UcxPeer final : public BackendPeer, public std::enable_shared_from_this<Uc
 
  private:
   void start(UcxXfer* x);
-  void issue(UcxXfer* x, ucs_status_ptr_t sp);
+  void issue(UcxXfer* x, const std::function<ucs_status_ptr_t()>& call);
   bool endpoint_usable(UcxXfer* x);
   void fetch_table(UcxXfer* x);
   void send_data(UcxXfer* x);
   void post_check(UcxXfer* x);
   void complete(UcxXfer* x, Ok result);
   void orphan(UcxXfer* x);
-  void release_staging(UcxXfer* x);
+  void release_staging(UcxXfer* x, bool orphaning);
   void close_endpoint(bool force, std::function<void()> closed);
+  void send_key(unsigned id, std::string header, const std::string& data);
 
   // staged_pieces.cpp
   Ok plan_pieces(UcxXfer* x);
   void step_piece(StagedPiece& p);
   Ok start_piece(StagedPiece& p);
   Ok send_piece(StagedPiece& p);
-  void issue_piece(StagedPiece& p, ucs_status_ptr_t sp, StagedPiece::State next);
+  void issue_piece(StagedPiece& p, StagedPiece::State next, const std::function<ucs_status_ptr_t()>& call);
   void fail_piece(StagedPiece& p, const Status& why);
   void piece_done(StagedPiece& p);
 
@@ -195,6 +196,7 @@ class UcxPeer final : public BackendPeer, public std::enable_shared_from_this<Uc
   std::vector<bool> remote_staged_;  // parallel to meta_.regions
   std::vector<uint64_t> remote_chunk_;  // a staged region's owner's chunk size
   ucp_rkey_h table_rkey_ = nullptr;
+  uint64_t initiator_key_ = 0;  // our name in staged requests to this peer (0: it has no staged region)
   std::optional<Status> broken_;
   std::set<UcxXfer*> xfers_;
 
