@@ -5,9 +5,12 @@ the limit measured in the same run) and plots bandwidth against entry size
 into bench/results/transfer_bandwidth.png (needs gnuplot: Debian gnuplot-nox).
 
   bench/transfer_bench.py --siesta build/bin/siesta [--cases ipc_host_write,ucx_tcp_write]
-                          [--sizes 4K,64K,1M,16M,64M] [--batch 4]
+                          [--sizes 4K,64K,1M,16M,64M] [--batch 4] [--repeat N] [--notes TEXT]
   bench/transfer_bench.py --plot-only --cases ... [--suffix _h200]   # redraw from bench/results
 SIESTA_COMMIT overrides the commit recorded (for runs outside a git checkout).
+With --repeat N each case runs N times: its rows are the per-size medians
+(`of_limit` the median of the runs' engine/limit ratios) and `runs` keeps
+every run, for shared machines whose load comes and goes.
 """
 import argparse
 import datetime
@@ -15,6 +18,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,7 +52,7 @@ CASES = {
                        "--ucx-net-devices", "lo"],
                       "raw UCX put loop (ucp_put_nbx + flush) between host buffers, same transports, same bytes"),
 }
-DEFAULT_CASES = "ipc_host_write,ipc_host_read,ucx_tcp_write,ucx_sm_write"
+DEFAULT_CASES = "ipc_host_write,ipc_host_read,ucx_tcp_write,ucx_sm_write,ucx_tcp_staged_write"
 
 
 def machine():
@@ -82,29 +86,52 @@ def commit():
     return r.stdout.strip() or "unknown"
 
 
-def run_case(siesta, name, sizes, batch):
+def median_rows(runs):
+    rows = []
+    for i, first in enumerate(runs[0]):
+        per = [run[i] for run in runs]
+        row = dict(first)
+        for key in ("gb_per_s", "limit_gb_per_s", "p50_us", "p99_us"):
+            row[key] = round(statistics.median(r[key] for r in per), 4)
+        row["of_limit"] = round(statistics.median(r["gb_per_s"] / r["limit_gb_per_s"] for r in per), 3)
+        row["verified"] = all(r["verified"] for r in per)
+        rows.append(row)
+    return rows
+
+
+def run_case(siesta, name, sizes, batch, repeat=1, notes=None):
     args, limit = CASES[name]
     cmd = [siesta, "bench", "transfer", *args, "--sizes", sizes, "--batch", str(batch), "--json"]
-    print("running:", " ".join(cmd), file=sys.stderr)
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    sys.stderr.write(r.stderr)
-    if r.returncode != 0:
-        print(f"{name}: siesta bench transfer failed with exit code {r.returncode}", file=sys.stderr)
-        return None
-    start = r.stdout.index("[")  # UCX may print its own lines before the list
-    rows = json.loads(r.stdout[start:r.stdout.rindex("]") + 1])
-    return {
+    machine_at_start = machine()
+    runs = []
+    for _ in range(repeat):
+        print("running:", " ".join(cmd), file=sys.stderr)
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        sys.stderr.write(r.stderr)
+        if r.returncode != 0:
+            print(f"{name}: siesta bench transfer failed with exit code {r.returncode}", file=sys.stderr)
+            return None
+        start = r.stdout.index("[")  # UCX may print its own lines before the list
+        runs.append(json.loads(r.stdout[start:r.stdout.rindex("]") + 1]))
+    rows = runs[0] if repeat == 1 else median_rows(runs)
+    doc = {
         "benchmark": "transfer",
         "case": name,
         "command": " ".join(["siesta", *cmd[1:]]),
         "commit": commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": machine(),
+        "machine": machine_at_start,
         "limit": limit,
         "units": "GB/s = 1e9 bytes per second over one transfer in flight of `batch` entries of `bytes` each; "
                  "latency from submit() to done, per transfer",
         "results": rows,
     }
+    if repeat > 1:
+        doc["repeat"] = repeat
+        doc["runs"] = runs
+    if notes:
+        doc["notes"] = notes
+    return doc
 
 
 def human(b):
@@ -160,6 +187,8 @@ def main():
     ap.add_argument("--cases", default=DEFAULT_CASES, help="comma separated: " + ",".join(CASES))
     ap.add_argument("--sizes", default="4K,64K,1M,16M,64M")
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=1, help="runs per case; rows are their per-size medians")
+    ap.add_argument("--notes", help="recorded as the result files' notes")
     ap.add_argument("--results", default=RESULTS, help="folder of the result files")
     ap.add_argument("--suffix", default="", help="appended to result file names (e.g. _h200)")
     ap.add_argument("--plot", help="PNG to write (default: <results>/transfer_bandwidth<suffix>.png)")
@@ -177,7 +206,7 @@ def main():
         ap.error("--siesta is required unless --plot-only")
     failed = []
     for name in a.cases.split(","):
-        doc = run_case(a.siesta, name, a.sizes, a.batch)
+        doc = run_case(a.siesta, name, a.sizes, a.batch, a.repeat, a.notes)
         if doc is None:  # the others still run
             failed.append(name)
             continue
@@ -187,7 +216,9 @@ def main():
         docs.append(doc)
         print(f"{name}:", file=sys.stderr)
         for row in doc["results"]:
+            ratio = row.get("of_limit", row["gb_per_s"] / row["limit_gb_per_s"])
             print(f"  {row['bytes']:>10} B  {row['gb_per_s']:8.3f} GB/s  limit {row['limit_gb_per_s']:8.3f}  "
+                  f"{100 * ratio:4.0f}%  "
                   f"p50 {row['p50_us']:9.1f} us  p99 {row['p99_us']:9.1f} us  verified {row['verified']}",
                   file=sys.stderr)
     if docs:
