@@ -228,6 +228,17 @@ int run_peer(const BackendCase& c) {
   return 0;
 }
 
+// Whether the peer serves our puts and gets itself: UCX 1.13 over tcp
+// emulates RMA in software on the target, and aborts the target when the
+// initiator dies while it answers (a fatal "Endpoint timeout" in
+// ucp_put_handler / ucp_get_req_handler). Staged regions are served through
+// endpoints of the peer's own and are not affected.
+bool peer_serves_rma_in_software(const BackendCase& c) {
+  const char* peer_staging = c.peer_ucx_staging ? c.peer_ucx_staging : c.ucx_staging;
+  return std::string(c.backend) == "ucx" && std::string(c.transports) == "tcp" &&
+         std::string(peer_staging) != "always";
+}
+
 // A second initiator (SIESTA_TRANSFER_TEST_HAMMER=<case> <peer address>):
 // reads region 0 of the peer and writes its region 1, batch after batch, in
 // big entries, until it is killed; says ADDRESS once the first batch is done.
@@ -607,6 +618,9 @@ TEST_P(TransferTwoProcess, InitiatorKilledMidTransferLeavesThePeerServing) {
   if (std::string(c.peer_ucx_staging ? c.peer_ucx_staging : c.ucx_staging) == "always" && !c.peer_error_handling)
     GTEST_SKIP() << "without peer error handling UCX treats a transport error as fatal: a staged peer that reads "
                     "the dead initiator's data (CMA) is aborted by UCX itself";
+  if (peer_serves_rma_in_software(c))
+    GTEST_SKIP() << "UCX 1.13 over tcp serves puts and gets in software on the peer and aborts it when the "
+                    "initiator dies while it answers";
   PeerProcess hammer =
       PeerProcess::spawn(fmt::format("SIESTA_TRANSFER_TEST_HAMMER={} {}", GetParam().name, peer_.address));
   ASSERT_EQ(hammer.address, "hammering") << "the second initiator did not get a transfer through";

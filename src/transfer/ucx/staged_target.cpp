@@ -72,11 +72,13 @@ StagedTarget::~StagedTarget() {
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = peer_error_handling_ ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     ucs_status_ptr_t sp = ucp_ep_close_nbx(in.ep, &p);
+    bool closed = true;
     if (sp != nullptr && !UCS_PTR_IS_ERR(sp)) {
       while (ucp_request_check_status(sp) == UCS_INPROGRESS && !expired(deadline)) ucp_worker_progress(worker_.worker());
+      closed = ucp_request_check_status(sp) != UCS_INPROGRESS;
       ucp_request_free(sp);
     }
-    delete in.context;
+    if (closed) delete in.context;  // else its error handler may still run: left to the process
     if (in.watch >= 0) close(in.watch);
   }
   initiators_.clear();
