@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <sched.h>
+
 #include <chrono>
 
 #include "common/log.h"
@@ -141,11 +143,15 @@ void UcxWorker::loop() {
     if (progressed > 0 || busy || !tasks.empty()) {
       last_activity = now;
       backoff = microseconds{0};
+      if (progressed == 0 && tasks.empty()) sched_yield();  // waiting on the network: let others run
       continue;
     }
     // Right after activity a peer's next message usually follows within
     // microseconds (the next stage of its transfer): keep polling a while.
-    if (now - last_activity < kSpinAfterActivity) continue;
+    if (now - last_activity < kSpinAfterActivity) {
+      sched_yield();
+      continue;
+    }
     backoff = backoff.count() == 0 ? microseconds{20} : std::min(backoff * 2, microseconds{1000});
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, backoff, [&] { return !tasks_.empty() || stopping_; });

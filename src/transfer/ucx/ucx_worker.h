@@ -7,10 +7,13 @@
 //
 // The loop: run queued tasks, progress the worker, run the tick (which moves
 // transfers along and enforces their deadlines). While the tick reports work
-// in flight, and for 200 us after the last activity, it spins; then it sleeps
-// with a growing backoff (20 us to 1 ms) that post() cuts short, so a peer
-// writing into our memory over a transport that needs our progress (tcp) is
-// served within a millisecond even when we are idle.
+// in flight, and for 200 us after the last activity, it spins, yielding the
+// CPU whenever a pass found nothing to do (on a host with fewer cores than
+// busy threads, the caller waiting for a transfer, or the peer's worker, gets
+// to run at once rather than after a scheduler slice); then it sleeps with a
+// growing backoff (20 us to 1 ms) that post() cuts short, so a peer writing
+// into our memory over a transport that needs our progress (tcp) is served
+// within a millisecond even when we are idle.
 #pragma once
 
 #include <ucp/api/ucp.h>
