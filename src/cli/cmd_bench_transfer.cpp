@@ -1,4 +1,5 @@
 // siesta bench transfer --backend ipc|ucx [--memory host|cuda] --sizes 4K,64K,1M,16M,64M --batch N [--json]
+//                       [--ucx-staging auto|always|never]
 //
 // Bandwidth and latency of the transfer engine between two processes (this
 // one and a copy of itself as the peer), with the limit measured in the same
