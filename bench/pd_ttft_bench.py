@@ -204,6 +204,12 @@ def main():
             with open(a.out, "w") as f:
                 json.dump(result, f, indent=1)
             print(f"wrote {a.out}")
+    except SystemExit:
+        # A failed request: show why, from each process's log.
+        for proc in procs:
+            tail = open(proc.log_path).read().splitlines()[-25:]
+            print(f"--- {os.path.basename(proc.log_path)} (last lines)\n" + "\n".join(tail), file=sys.stderr)
+        raise
     finally:
         for proc in reversed(procs):
             proc.stop()

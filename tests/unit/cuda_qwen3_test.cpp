@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -476,7 +478,14 @@ TEST_F(CudaQwen3Test, BatchInvariantChunkInvarianceOnAWiderRandomModel) {
   mo.shape = "qwen3-0.6b";
   mo.out_dir = dir;
   mo.seed = 21;
-  mo.tokenizer = kModelDir / "tokenizer.json";
+  // The 0.6B shape's special tokens are the real Qwen3 tokenizer's
+  // (scripts/setup fetches it; device-check points SIESTA_ASSETS at its copy).
+  const char* assets = std::getenv("SIESTA_ASSETS");
+  const char* home = std::getenv("HOME");
+  mo.tokenizer = (assets && *assets ? std::filesystem::path(assets)
+                                    : std::filesystem::path(home ? home : "/root") / ".cache/siesta/assets") /
+                 "qwen3-tokenizer" / "tokenizer.json";
+  ASSERT_TRUE(std::filesystem::exists(mo.tokenizer)) << "no Qwen3 tokenizer at " << mo.tokenizer;
   auto made = make_model(mo);
   ASSERT_TRUE(made) << made.error().message;
   {

@@ -250,7 +250,16 @@ Result<CudaExportable> cuda_alloc_exportable(size_t bytes, int device) {
     d->cuMemRelease(handle);
     return cu_error(*d, "cuMemExportToShareableHandle (POSIX FD)", r);
   }
-  auto address = map_handle(*d, handle, size, g, {device});
+  // Readable and writable by every GPU that can reach this one, so that a
+  // copy run by another device (a peer on another GPU, cudaMemcpyPeer) may use it.
+  std::vector<int> access = {device};
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 1;
+  for (int other = 0; other < devices; ++other) {
+    int can = 0;
+    if (other != device && cudaDeviceCanAccessPeer(&can, other, device) == cudaSuccess && can) access.push_back(other);
+  }
+  auto address = map_handle(*d, handle, size, g, access);
   if (!address) {
     close(fd);
     d->cuMemRelease(handle);
