@@ -196,30 +196,6 @@ void cuda_release(CudaImport& import) {
 
 Ok cuda_copy(const std::vector<CopyPiece>& pieces, int device) {
   SIESTA_ASSIGN_OR_RETURN(cudaStream_t stream, thread_stream(device));
-  // A KV transfer is hundreds of block-sized pieces: one batched call costs
-  // one submission instead of one per piece (~4 us each, as long as copying
-  // 8 MiB). Where the runtime cannot batch them, they go one by one.
-  if (pieces.size() > 1) {
-    std::vector<void*> dsts(pieces.size());
-    std::vector<const void*> srcs(pieces.size());
-    std::vector<size_t> sizes(pieces.size());
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      dsts[i] = pieces[i].dst;
-      srcs[i] = pieces[i].src;
-      sizes[i] = pieces[i].bytes;
-    }
-    cudaMemcpyAttributes attr{};
-    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    size_t attr_index = 0;
-    cudaError_t e = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), pieces.size(), &attr, &attr_index, 1,
-                                         stream);
-    if (e == cudaSuccess) {
-      e = cudaStreamSynchronize(stream);
-      if (e != cudaSuccess) return cuda_rt_error("waiting for the batched copy", e);
-      return {};
-    }
-    (void)cudaGetLastError();  // not batched here: copy piece by piece below
-  }
   for (const CopyPiece& p : pieces) {
     cudaError_t e = cudaMemcpyAsync(p.dst, p.src, p.bytes, cudaMemcpyDefault, stream);
     if (e != cudaSuccess) {
