@@ -17,16 +17,7 @@ Result<std::string> tokenize_text(const nlohmann::json& body) {
   if (prompt && has_messages) return invalid_argument("give either 'prompt' or 'messages', not both");
   if (prompt) return *prompt;
   if (!has_messages) return invalid_argument("'prompt' (a string) or 'messages' is required");
-  SIESTA_ASSIGN_OR_RETURN(std::vector<ChatMessage> messages, parse_chat_messages(*m));
-  ChatPromptOptions opt;
-  SIESTA_ASSIGN_OR_RETURN(std::optional<bool> agp, read_bool(body, "add_generation_prompt"));
-  SIESTA_ASSIGN_OR_RETURN(std::optional<bool> cfm, read_bool(body, "continue_final_message"));
-  opt.continue_final_message = cfm.value_or(false);
-  opt.add_generation_prompt = agp.value_or(!opt.continue_final_message);
-  SIESTA_ASSIGN_OR_RETURN(nlohmann::json kwargs, read_object(body, "chat_template_kwargs"));
-  SIESTA_ASSIGN_OR_RETURN(std::optional<bool> thinking, read_bool(kwargs, "enable_thinking"));
-  opt.enable_thinking = thinking.value_or(true);
-  return render_qwen3_chat(messages, opt);
+  return render_chat_body(body, *m);
 }
 
 }  // namespace

@@ -166,6 +166,19 @@ Result<std::vector<ChatMessage>> parse_chat_messages(const nlohmann::json& messa
   return out;
 }
 
+Result<std::string> render_chat_body(const nlohmann::json& body, const nlohmann::json& messages) {
+  SIESTA_ASSIGN_OR_RETURN(std::vector<ChatMessage> parsed, parse_chat_messages(messages));
+  ChatPromptOptions opt;
+  SIESTA_ASSIGN_OR_RETURN(std::optional<bool> agp, read_bool(body, "add_generation_prompt"));
+  SIESTA_ASSIGN_OR_RETURN(std::optional<bool> cfm, read_bool(body, "continue_final_message"));
+  opt.continue_final_message = cfm.value_or(false);
+  opt.add_generation_prompt = agp.value_or(!opt.continue_final_message);
+  SIESTA_ASSIGN_OR_RETURN(nlohmann::json kwargs, read_object(body, "chat_template_kwargs"));
+  SIESTA_ASSIGN_OR_RETURN(std::optional<bool> thinking, read_bool(kwargs, "enable_thinking"));
+  opt.enable_thinking = thinking.value_or(true);
+  return render_qwen3_chat(parsed, opt);
+}
+
 Result<GenerationJob> parse_chat_request(const nlohmann::json& body, const Tokenizer& tok,
                                          const SamplingDefaults& defaults) {
   if (!body.is_object()) return invalid_argument("the request body must be a JSON object, got " + json_type_name(body));
@@ -185,16 +198,7 @@ Result<GenerationJob> parse_chat_request(const nlohmann::json& body, const Token
 
   auto m = body.find("messages");
   if (m == body.end() || m->is_null()) return invalid_argument("'messages' is required");
-  SIESTA_ASSIGN_OR_RETURN(std::vector<ChatMessage> messages, parse_chat_messages(*m));
-  ChatPromptOptions opt;
-  SIESTA_ASSIGN_OR_RETURN(std::optional<bool> agp, read_bool(body, "add_generation_prompt"));
-  SIESTA_ASSIGN_OR_RETURN(std::optional<bool> cfm, read_bool(body, "continue_final_message"));
-  opt.continue_final_message = cfm.value_or(false);
-  opt.add_generation_prompt = agp.value_or(!opt.continue_final_message);
-  SIESTA_ASSIGN_OR_RETURN(nlohmann::json kwargs, read_object(body, "chat_template_kwargs"));
-  SIESTA_ASSIGN_OR_RETURN(std::optional<bool> thinking, read_bool(kwargs, "enable_thinking"));
-  opt.enable_thinking = thinking.value_or(true);
-  SIESTA_ASSIGN_OR_RETURN(job.prompt_text, render_qwen3_chat(messages, opt));
+  SIESTA_ASSIGN_OR_RETURN(job.prompt_text, render_chat_body(body, *m));
   std::vector<int32_t> ids = tok.encode(job.prompt_text);
   if (ids.empty()) return invalid_argument("the conversation renders to no tokens");
   add_choices(job, s, std::move(ids), 0, std::string(), kv);

@@ -55,6 +55,11 @@ Result<GenerationJob> parse_chat_request(const nlohmann::json& body, const Token
 // Reads a chat `messages` array (also used by /tokenize).
 Result<std::vector<ChatMessage>> parse_chat_messages(const nlohmann::json& messages);
 
+// The Qwen3 chat prompt of `messages` with the body's add_generation_prompt,
+// continue_final_message and chat_template_kwargs.enable_thinking, as
+// /v1/chat/completions and /tokenize render it.
+Result<std::string> render_chat_body(const nlohmann::json& body, const nlohmann::json& messages);
+
 void assign_request_ids(GenerationJob& job, const std::string& base);
 
 }  // namespace siesta::server
