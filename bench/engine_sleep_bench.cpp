@@ -35,6 +35,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bench_report.h"
 #include "common/log.h"
 #include "engine/engine.h"
 #include "engine/random.h"
@@ -127,43 +128,9 @@ double median(std::vector<double> v) {
 double gib(uint64_t b) { return static_cast<double>(b) / static_cast<double>(kGiB); }
 double gib(int64_t b) { return static_cast<double>(b) / static_cast<double>(kGiB); }
 
-std::string run_command(const char* cmd) {
-  std::string out;
-  if (FILE* p = popen(cmd, "r")) {
-    char buf[256];
-    while (std::fgets(buf, sizeof buf, p)) out += buf;
-    pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
-}
-
-nlohmann::json machine() {
-  nlohmann::json m;
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  m["hostname"] = host;
-  utsname u{};
-  if (uname(&u) == 0) m["kernel"] = std::string(u.sysname) + " " + u.release;
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);)
-    if (line.rfind("model name", 0) == 0) {
-      m["cpu"] = line.substr(line.find(':') + 2);
-      break;
-    }
-  m["cpus"] = sysconf(_SC_NPROCESSORS_ONLN);
-  m["memory_total_bytes"] = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
-  return m;
-}
-
-std::string utc_now() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
+using bench::machine;
+using bench::run_command;
+using bench::utc_now;
 
 Deadline later() { return Clock::now() + std::chrono::minutes(10); }
 
