@@ -808,12 +808,42 @@ void Engine::abort_all(const std::optional<Status>& error) {
 void Engine::poll_connector() {
   if (!connector_) return;
   ConnectorUpdates u = connector_->poll();
-  for (const FinishedLoad& f : u.finished_loads)
+  std::vector<RequestOutput> first_tokens;
+  for (const FinishedLoad& f : u.finished_loads) {
+    if (f.loaded && f.first_logits) {
+      if (auto out = continue_from_remote_logits(f)) {
+        first_tokens.push_back(std::move(*out));
+        continue;
+      }
+    }
     if (auto ok = scheduler_->finish_remote_kv(f.id, f.loaded, f.blocks_may_change); !ok)
       SIESTA_LOG_WARN("engine: remote KV for {}: {}", f.id, ok.error().message);
+  }
+  if (!first_tokens.empty()) outputs_.process(first_tokens, *scheduler_, connector_.get(), Clock::now());
   for (const std::string& owner : u.releasable_holds)
     if (auto ok = scheduler_->release_hold(owner); !ok)
       SIESTA_LOG_WARN("engine: releasing hold {}: {}", owner, ok.error().message);
+}
+
+std::optional<RequestOutput> Engine::continue_from_remote_logits(const FinishedLoad& f) {
+  const Request* req = scheduler_->find(f.id);
+  if (!req) return std::nullopt;
+  const auto vocab = static_cast<size_t>(model_->config().vocab_size);
+  if (f.first_logits->size() != vocab) {
+    SIESTA_LOG_WARN("engine: request {}: the producer sent {} logits for a vocabulary of {}; the last prompt token "
+                    "is computed here",
+                    f.id, f.first_logits->size(), vocab);
+    return std::nullopt;
+  }
+  // The first token, sampled as a colocated engine samples it after its own
+  // prefill: the same logits, parameters and step.
+  const SampledToken first = sampler_.sample(*f.first_logits, req->params, 0);
+  auto out = scheduler_->finish_remote_kv_sampled(f.id, first);
+  if (!out) {
+    SIESTA_LOG_WARN("engine: remote KV for {}: {}", f.id, out.error().message);
+    return std::nullopt;
+  }
+  return std::move(*out);
 }
 
 bool Engine::step() {

@@ -183,6 +183,10 @@ class Engine {
   void apply_aborts(const std::vector<RequestId>& ids);
   void abort_all(const std::optional<Status>& error);
   void poll_connector();
+  // A load that brought the producer's logits: samples the first token from
+  // them and hands it to the scheduler. nullopt: use the KV alone (the last
+  // prompt token is computed here).
+  std::optional<RequestOutput> continue_from_remote_logits(const FinishedLoad& f);
   bool step();
   void publish_metrics();
 

@@ -67,6 +67,10 @@ struct FinishedLoad {
   // load_hold_owner(id) until a later poll() lists that hold as releasable,
   // and the request recomputes in new blocks.
   bool blocks_may_change = false;
+  // Loaded, with the producer's logits of the prompt's last position: the
+  // engine samples the first token from them and computes nothing of the
+  // prompt (null: it computes the last prompt token for its logits).
+  LogitsRow first_logits;
 };
 
 struct ConnectorUpdates {

@@ -42,7 +42,9 @@ struct KvTransferMetrics {
   uint64_t transfers_failed = 0;
   uint64_t transfer_bytes = 0;          // of transfers done
   Histogram transfer_seconds = Histogram(kv_transfer_buckets());  // submit to done
-  uint64_t loads_done = 0;              // KV arrived; the request computes its last prompt token only
+  uint64_t loads_done = 0;              // KV arrived
+  uint64_t loads_with_logits = 0;       // ... with the producer's logits: the first token sampled from them,
+                                        // no prompt token computed here (else the last one is)
   uint64_t load_failures = 0;           // a load that ended without usable KV (failed, late, lease lost, ended by sleep)
   uint64_t load_bytes = 0;              // bytes of KV loaded into this engine
   Histogram load_seconds = Histogram(kv_transfer_buckets());      // start of the load to its KV in place

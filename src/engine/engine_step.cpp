@@ -1,5 +1,7 @@
 #include "engine/engine_step.h"
 
+#include <memory>
+
 namespace siesta {
 
 Result<std::vector<RequestOutput>> run_step(Scheduler& scheduler, Model& model, const KvCacheView& kv,
@@ -11,7 +13,10 @@ Result<std::vector<RequestOutput>> run_step(Scheduler& scheduler, Model& model, 
   sampled.reserve(out.num_samples());
   for (size_t i = 0; i < out.sequences.size(); ++i) {
     const ScheduledSequence& seq = out.sequences[i];
-    if (seq.sample) sampled.push_back(sampler.sample(logits.last(i), *seq.params, seq.sample_step));
+    if (!seq.sample) continue;
+    const std::span<const float> row = logits.last(i);
+    sampled.push_back(sampler.sample(row, *seq.params, seq.sample_step));
+    if (seq.keep_logits) sampled.back().logits = std::make_shared<const std::vector<float>>(row.begin(), row.end());
   }
   return scheduler.update(out, sampled);
 }

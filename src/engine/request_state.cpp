@@ -12,6 +12,9 @@ Result<RequestState> next_state(RequestState from, RequestEvent event) {
     case S::kWaiting:
       if (event == E::kSchedule) return S::kRunning;
       if (event == E::kAwaitRemoteKv) return S::kWaitingForRemoteKv;
+      // Only with a generated token: the first one, from a remote load.
+      if (event == E::kStop) return S::kFinishedStopped;
+      if (event == E::kReachLength) return S::kFinishedLength;
       break;
     case S::kWaitingForRemoteKv:
       if (event == E::kRemoteKvLoaded || event == E::kRemoteKvFailed) return S::kWaiting;

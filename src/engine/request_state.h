@@ -2,15 +2,18 @@
 // moves it (next_state). The table below is the whole state machine.
 //
 //   from \ event        Schedule  Preempt    AwaitRemoteKv       RemoteKvLoaded/Failed  Stop     ReachLength  Abort
-//   Waiting             Running   -          WaitingForRemoteKv  -                      -        -            Aborted
+//   Waiting             Running   -          WaitingForRemoteKv  -                      Stopped  Length       Aborted
 //   WaitingForRemoteKv  -         -          -                   Waiting                -        -            Aborted
 //   Running             -         Preempted  -                   -                      Stopped  Length       Aborted
 //   Preempted           Running   -          -                   -                      Stopped  -            Aborted
 //   Finished*           -         -          -                   -                      -        -            -
 //
 // Waiting: queued, not yet scheduled (or queued again after a remote KV load:
-//   with the KV loaded it computes only the prompt's last token, after a failed
-//   load it computes the whole prompt).
+//   with the KV and the producer's logits it has its first token already and
+//   computes from there, with the KV alone it computes the prompt's last
+//   token, after a failed load it computes the whole prompt). Stop and
+//   ReachLength happen here only to a request whose first token came with
+//   its remote load (it may end on that token, or on a stop string in its text).
 // WaitingForRemoteKv: has blocks; a peer is writing the prompt's KV into them
 //   (P/D consumer). The scheduler skips it until the load ends.
 // Running: scheduled every step (a prefill chunk or one decode token).

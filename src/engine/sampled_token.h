@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -18,9 +19,16 @@ struct TokenLogprobs {
   std::vector<TokenLogprob> top;   // the n most likely, most likely first (ties: lower id first)
 };
 
+// One row of logits (vocab_size values), shared without copying.
+using LogitsRow = std::shared_ptr<const std::vector<float>>;
+
 struct SampledToken {
   int32_t token = 0;
   std::optional<TokenLogprobs> logprobs;  // when SamplingParams::logprobs is set
+  // The logits the token was sampled from, kept only where the scheduler
+  // asked (ScheduledSequence::keep_logits: a P/D producer's first token, which
+  // the decode engine samples again from the same row). Null otherwise.
+  LogitsRow logits;
 };
 
 }  // namespace siesta

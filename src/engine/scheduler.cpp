@@ -84,6 +84,7 @@ void Scheduler::add_to_batch(SchedulerOutput& out, Request& req, int32_t n) {
   seq.sample = start + n == req.num_tokens();
   seq.params = &req.params;
   seq.sample_step = static_cast<uint64_t>(req.num_output_tokens());
+  seq.keep_logits = seq.sample && seq.sample_step == 0 && req.hold_blocks_for_remote_reader;
   out.sequences.push_back(std::move(seq));
   out.num_batched_tokens += n;
 }
@@ -213,25 +214,27 @@ Result<std::vector<RequestOutput>> Scheduler::update(const SchedulerOutput& out,
     if (!req || req->state != RequestState::kRunning || req->num_computed_tokens != seq.start_pos) continue;
     req->num_computed_tokens += seq.num_tokens;
     allocator_.publish_computed_blocks(*req);
-    if (!token) continue;
-    req->tokens.push_back(token->token);
-    RequestEvent event{};
-    if (check_stop(*req, event)) {
-      RequestOutput o = finish(*req, event);
-      o.new_tokens.push_back(*token);
-      outputs.push_back(std::move(o));
-      continue;
-    }
-    RequestOutput o;
-    o.request_id = req->id;
-    o.new_tokens.push_back(*token);
-    o.state = req->state;
-    o.num_prompt_tokens = req->num_prompt_tokens;
-    o.num_output_tokens = req->num_output_tokens();
-    o.num_cached_tokens = std::max(req->num_cached_tokens, 0);
-    outputs.push_back(std::move(o));
+    if (token) outputs.push_back(append_token(*req, *token));
   }
   return outputs;
+}
+
+RequestOutput Scheduler::append_token(Request& req, const SampledToken& token) {
+  req.tokens.push_back(token.token);
+  RequestEvent event{};
+  if (check_stop(req, event)) {
+    RequestOutput o = finish(req, event);  // req is gone from here on
+    o.new_tokens.push_back(token);
+    return o;
+  }
+  RequestOutput o;
+  o.request_id = req.id;
+  o.new_tokens.push_back(token);
+  o.state = req.state;
+  o.num_prompt_tokens = req.num_prompt_tokens;
+  o.num_output_tokens = req.num_output_tokens();
+  o.num_cached_tokens = std::max(req.num_cached_tokens, 0);
+  return o;
 }
 
 Result<RequestOutput> Scheduler::abort(const RequestId& id) {
@@ -251,6 +254,8 @@ Result<RequestOutput> Scheduler::stop(const RequestId& id) {
   if (!req) return not_found("request '" + id + "' is not running or waiting (unknown or already finished)");
   if (auto allowed = next_state(req->state, RequestEvent::kStop); !allowed)
     return allowed.error().with_context("request '" + id + "'");
+  if (req->num_output_tokens() == 0)
+    return conflict("request '" + id + "' has generated nothing yet, so no stop string can have ended it");
   return finish(*req, RequestEvent::kStop);
 }
 
@@ -314,6 +319,21 @@ Result<void> Scheduler::finish_remote_kv(const RequestId& id, bool loaded, bool 
   req->num_computed_tokens = 0;
   ++num_remote_kv_failures_;
   return req->apply(RequestEvent::kRemoteKvFailed);
+}
+
+Result<RequestOutput> Scheduler::finish_remote_kv_sampled(const RequestId& id, const SampledToken& first) {
+  Request* req = lookup(id);
+  if (!req) return not_found("request '" + id + "' is not waiting (unknown or already finished)");
+  if (req->state != RequestState::kWaitingForRemoteKv)
+    return conflict("request '" + id + "' is not waiting for remote KV (state " + state_name(req->state) + ")");
+  if (req->num_output_tokens() != 0)
+    return conflict("request '" + id + "' already has generated tokens; its first cannot come from a remote load");
+  if (options_.vocab_size > 0 && (first.token < 0 || first.token >= options_.vocab_size))
+    return invalid_argument("request '" + id + "': first token " + num(first.token) + " is outside the vocabulary");
+  req->num_computed_tokens = req->num_prompt_tokens;
+  allocator_.publish_computed_blocks(*req);
+  SIESTA_TRY(req->apply(RequestEvent::kRemoteKvLoaded));
+  return append_token(*req, first);
 }
 
 SchedulerStats Scheduler::stats() const {

@@ -32,10 +32,12 @@
 // P/D and sleep hooks:
 //   - hold_blocks_for_remote_reader: a finished request's blocks stay held
 //     (send_hold_owner) until release_hold().
-//   - await_remote_kv / finish_remote_kv: a consumer request gets blocks for
-//     its prompt, waits in WaitingForRemoteKv while a peer fills them, then
-//     computes only the last prompt token (or the whole prompt if the load
-//     failed).
+//   - await_remote_kv / finish_remote_kv(_sampled): a consumer request gets
+//     blocks for its prompt and waits in WaitingForRemoteKv while a peer fills
+//     them; then it continues from its first token, sampled from the
+//     producer's logits of the prompt's last position (finish_remote_kv_sampled:
+//     no prompt token is computed here), or computes only the last prompt
+//     token (KV without logits), or the whole prompt (the load failed).
 //   - preempt_all: every running request goes back to recompute, e.g. before
 //     the KV cache is released for sleep.
 #pragma once
@@ -101,7 +103,7 @@ class Scheduler {
   // already finished.
   Result<RequestOutput> abort(const RequestId& id);
   // Ends a request as stopped (a stop string in its text). kNotFound as abort;
-  // kConflict if its state does not allow a stop.
+  // kConflict if its state does not allow a stop, or it generated nothing yet.
   Result<RequestOutput> stop(const RequestId& id);
 
   // Every running request back to the waiting queue to recompute. Returns how many.
@@ -122,6 +124,11 @@ class Scheduler {
   // with hold_blocks its blocks stay held under load_hold_owner(id) (a peer
   // may still write into them) until release_hold, and it recomputes in others.
   Result<void> finish_remote_kv(const RequestId& id, bool loaded, bool hold_blocks = false);
+  // The load ended with the prompt's whole KV in the blocks and `first`, the
+  // first generated token, sampled from the producer's logits of the prompt's
+  // last position: nothing of the prompt is computed here. Returns the step
+  // output for `first` (the request may finish on it, like any token).
+  Result<RequestOutput> finish_remote_kv_sampled(const RequestId& id, const SampledToken& first);
 
   const Request* find(const RequestId& id) const;
   bool has_unfinished() const { return !requests_.empty(); }
@@ -139,6 +146,8 @@ class Scheduler {
   RequestOutput finish(Request& req, RequestEvent event);
   void remove_from_queues(const Request& req);
   bool check_stop(Request& req, RequestEvent& event) const;
+  // Appends a sampled token and finishes the request if it stops there.
+  RequestOutput append_token(Request& req, const SampledToken& token);
 
   SchedulerOptions options_;
   BlockPool& pool_;

@@ -25,6 +25,9 @@ struct ScheduledSequence {
   bool sample = false;
   const SamplingParams* params = nullptr;
   uint64_t sample_step = 0;  // the request's number of generated tokens so far
+  // Keep the sampled row of logits with the token (SampledToken::logits): the
+  // first token of a request whose blocks are held for a remote reader.
+  bool keep_logits = false;
 };
 
 struct SchedulerOutput {

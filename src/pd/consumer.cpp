@@ -225,7 +225,10 @@ void Consumer::collect(ConnectorUpdates& updates) {
     Load& l = it->second;
     if (load_ended(l.state) && !l.reported && !l.aborted) {
       const bool may_change = l.state == LoadState::kFailed && !quiet(l, now);
-      updates.finished_loads.push_back(FinishedLoad{l.id, l.state == LoadState::kLoaded, may_change});
+      const bool loaded = l.state == LoadState::kLoaded;
+      updates.finished_loads.push_back(FinishedLoad{l.id, loaded, may_change, loaded ? l.logits : nullptr});
+      if (loaded && l.logits) ctx_.metrics.first_token_from_producer();
+      l.logits.reset();
       l.reported = true;
       l.hold_pending = may_change;
     }
@@ -272,6 +275,7 @@ void Consumer::on_written(const Written& w, const std::string& from_engine) {
   if (l.state == LoadState::kStarting || l.state == LoadState::kAwaitingWrite) {
     l.producer_told = true;  // the producer's send is done
     l.bytes = w.bytes;
+    l.logits = w.logits;
     transition(l, LoadEvent::kKvInPlace, "written by the producer");
     ctx_.metrics.load_done(w.bytes, seconds_since(l.started));
   }
@@ -435,6 +439,7 @@ void Consumer::run_read_confirm(const RequestId& id) {
       why += " (" + r->get<std::string>() + ")";
     return fail(l, why);
   }
+  l.logits = reply->logits;
   transition(l, LoadEvent::kKvInPlace, "the producer's hold lasted the whole read");
   ctx_.metrics.load_done(l.bytes, seconds_since(l.started));
   ctx_.kick();

@@ -1,6 +1,9 @@
 #include "pd/pd_messages.h"
 
+#include <bit>
+#include <cstring>
 #include <limits>
+#include <memory>
 
 namespace siesta::pd {
 namespace {
@@ -153,6 +156,45 @@ Result<json> parse(std::string_view payload) {
   return j;
 }
 
+static_assert(std::endian::native == std::endian::little, "logits attachments are little-endian float32");
+
+// More than any vocabulary; bounds what a peer can make us allocate.
+constexpr int64_t kMaxLogits = int64_t{1} << 24;
+
+// `text` with `logits` attached (see pd_messages.h); `j` gets "logits": n.
+std::string attach(json& j, const LogitsRow& logits) {
+  if (!logits) return j.dump();
+  j["logits"] = logits->size();
+  std::string out = j.dump();
+  out.push_back('\0');
+  const size_t at = out.size();
+  out.resize(at + logits->size() * sizeof(float));
+  std::memcpy(out.data() + at, logits->data(), logits->size() * sizeof(float));
+  return out;
+}
+
+// The JSON text of a payload and its attachment (empty when none).
+std::pair<std::string_view, std::string_view> split(std::string_view payload) {
+  const size_t nul = payload.find('\0');
+  if (nul == std::string_view::npos) return {payload, {}};
+  return {payload.substr(0, nul), payload.substr(nul + 1)};
+}
+
+// The logits `j` announces, read from `attachment`; null when it announces none.
+Result<LogitsRow> logits_of(const json& j, std::string_view attachment, const std::string& op) {
+  if (!j.contains("logits")) {
+    if (!attachment.empty()) return bad(op, "an attachment without a 'logits' field");
+    return LogitsRow();
+  }
+  SIESTA_ASSIGN_OR_RETURN(int64_t n, get_int(j, op, "logits", 1, kMaxLogits));
+  if (attachment.size() != static_cast<size_t>(n) * sizeof(float))
+    return bad(op, "'logits' announces " + std::to_string(n) + " values and the attachment holds " +
+                       std::to_string(attachment.size()) + " bytes");
+  auto values = std::make_shared<std::vector<float>>(static_cast<size_t>(n));
+  std::memcpy(values->data(), attachment.data(), attachment.size());
+  return LogitsRow(std::move(values));
+}
+
 }  // namespace
 
 uint64_t prompt_hash(const std::vector<int32_t>& tokens) {
@@ -217,7 +259,7 @@ std::string encode(const Written& m) {
   json j = envelope("written");
   j["consumer_request"] = m.consumer_request;
   j["bytes"] = m.bytes;
-  return j.dump();
+  return attach(j, m.logits);
 }
 
 Result<PdMessage> decode_message(std::string_view payload) {
@@ -230,7 +272,8 @@ Result<PdMessage> decode_message(std::string_view payload) {
 }
 
 Result<Written> decode_written(std::string_view payload) {
-  SIESTA_ASSIGN_OR_RETURN(json j, parse(payload));
+  const auto [text, attachment] = split(payload);
+  SIESTA_ASSIGN_OR_RETURN(json j, parse(text));
   try {
     if (!j.is_object()) return corrupt("P/D notification is not a JSON object");
     auto v = j.find("v");
@@ -241,17 +284,18 @@ Result<Written> decode_written(std::string_view payload) {
     Written m;
     SIESTA_ASSIGN_OR_RETURN(m.consumer_request, get_string(j, op, "consumer_request"));
     SIESTA_ASSIGN_OR_RETURN(m.bytes, get_u64(j, op, "bytes"));
+    SIESTA_ASSIGN_OR_RETURN(m.logits, logits_of(j, attachment, op));
     return m;
   } catch (const std::exception& e) {
     return corrupt(std::string("P/D notification could not be read: ") + e.what());
   }
 }
 
-std::string encode_ok(json fields) {
+std::string encode_ok(json fields, const LogitsRow& logits) {
   json j = fields.is_object() ? std::move(fields) : json::object();
   j["v"] = kProtocolVersion;
   j["ok"] = true;
-  return j.dump();
+  return attach(j, logits);
 }
 
 std::string encode_refusal(const std::string& reason) {
@@ -259,7 +303,8 @@ std::string encode_refusal(const std::string& reason) {
 }
 
 Result<Reply> decode_reply(std::string_view payload) {
-  SIESTA_ASSIGN_OR_RETURN(json j, parse(payload));
+  const auto [text, attachment] = split(payload);
+  SIESTA_ASSIGN_OR_RETURN(json j, parse(text));
   if (!j.is_object()) return corrupt("P/D reply is not a JSON object");
   auto ok = j.find("ok");
   if (ok == j.end() || !ok->is_boolean()) return corrupt("P/D reply has no boolean 'ok'");
@@ -268,6 +313,11 @@ Result<Reply> decode_reply(std::string_view payload) {
   auto reason = j.find("reason");
   if (reason != j.end() && reason->is_string()) r.reason = reason->get<std::string>();
   if (!r.ok && r.reason.empty()) r.reason = "refused without a reason";
+  try {
+    SIESTA_ASSIGN_OR_RETURN(r.logits, logits_of(j, attachment, "reply"));
+  } catch (const std::exception& e) {
+    return corrupt(std::string("P/D reply could not be read: ") + e.what());
+  }
   r.body = std::move(j);
   return r;
 }

@@ -15,9 +15,17 @@
 //   D -> P  cancel      the consumer's request ended or will not load:
 //                       ok {writing}: whether a write of P's is still in flight
 //   P -> D  load_failed WRITE mode: P will not write (aborted, failed)
-//   P -> D  written     (the notification of the WRITE, after its data)
+//   P -> D  written     (the notification of the WRITE, after its data),
+//                       with P's logits of the prompt's last position
 //
-// A reply is {"v", "ok": true, ...} or {"v", "ok": false, "reason": "..."}.
+// A reply is {"v", "ok": true, ...} or {"v", "ok": false, "reason": "..."};
+// read_done's {held: true} carries P's logits of the prompt's last position.
+//
+// Logits travel as a binary attachment after the JSON text: the text (which
+// never holds a NUL: JSON escapes it), one NUL byte, then "logits": n float32
+// values, little-endian. D samples the first token from them, as a colocated
+// engine samples it after its own prefill, so the prompt's last token is not
+// computed twice with different kernels.
 #pragma once
 
 #include <cstdint>
@@ -29,10 +37,11 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "engine/sampled_token.h"
 
 namespace siesta::pd {
 
-inline constexpr int kProtocolVersion = 1;
+inline constexpr int kProtocolVersion = 2;
 
 // What both sides must agree on before KV moves between them.
 struct PromptCheck {
@@ -85,6 +94,7 @@ struct LoadFailed {
 struct Written {
   std::string consumer_request;
   uint64_t bytes = 0;
+  LogitsRow logits;               // P's logits of the prompt's last position (null: none)
 };
 
 using PdMessage = std::variant<WriteRequest, CancelRequest, ReadStart, ReadDone, LoadFailed>;
@@ -104,8 +114,9 @@ struct Reply {
   bool ok = false;
   std::string reason;      // when refused
   nlohmann::json body;     // the whole reply object
+  LogitsRow logits;        // the attachment, when the reply has one
 };
-std::string encode_ok(nlohmann::json fields = nlohmann::json::object());
+std::string encode_ok(nlohmann::json fields = nlohmann::json::object(), const LogitsRow& logits = nullptr);
 std::string encode_refusal(const std::string& reason);
 Result<Reply> decode_reply(std::string_view payload);
 

@@ -21,6 +21,11 @@ void PdMetrics::load_done(uint64_t bytes, double seconds) {
   m_.load_seconds.observe(seconds);
 }
 
+void PdMetrics::first_token_from_producer() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++m_.loads_with_logits;
+}
+
 void PdMetrics::load_failed() {
   std::lock_guard<std::mutex> lock(mu_);
   ++m_.load_failures;

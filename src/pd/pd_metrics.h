@@ -17,6 +17,7 @@ class PdMetrics {
   void transfer_done(uint64_t bytes, double seconds);
   void transfer_failed();
   void load_done(uint64_t bytes, double seconds);
+  void first_token_from_producer();  // a load ended with the producer's logits
   void load_failed();          // also counts a recompute
   void recomputed();           // a request that computed its prompt without a failed load (no blocks, bad params)
   void send_ended(SendEvent why);

@@ -163,6 +163,7 @@ nlohmann::json Producer::on_finished(const EngineRequest& r, const RequestOutput
     return params(s.id, none);
   }
   s.hold_taken = true;
+  if (!out.new_tokens.empty()) s.logits = out.new_tokens.front().logits;
   const LocalKv kv = ctx_.kv.get();
   // The prompt's blocks (a request that generated more than one token holds
   // more; the reader needs the prompt's only).
@@ -323,7 +324,7 @@ std::string Producer::on_read_done(const ReadDone& m) {
   }
   transition(s, SendEvent::kSent, "read by the consumer");
   ctx_.kick();
-  return encode_ok({{"held", true}});
+  return encode_ok({{"held", true}}, s.logits);
 }
 
 // ---- writes (WRITE mode) --------------------------------------------------------------
@@ -338,6 +339,7 @@ void Producer::post_write(const RequestId& id) {
 void Producer::run_write(const RequestId& id) {
   Target target;
   std::vector<BlockId> blocks;
+  LogitsRow logits;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = sends_.find(id);
@@ -349,6 +351,7 @@ void Producer::run_write(const RequestId& id) {
     }
     target = *s.target;
     blocks = s.blocks;
+    logits = s.logits;
   }
   const WriteRequest& m = target.request;
   const LocalKv kv = ctx_.kv.get();
@@ -369,7 +372,7 @@ void Producer::run_write(const RequestId& id) {
   const uint64_t bytes = static_cast<uint64_t>(m.blocks.size()) * kv.block_bytes;
   const Clock::time_point started = Clock::now();
   auto xfer = ctx_.transfers.submit(m.consumer_engine, transfer::XferOp::kWrite, *entries,
-                                    encode(Written{m.consumer_request, bytes}), deadline);
+                                    encode(Written{m.consumer_request, bytes, logits}), deadline);
   if (!xfer) return fail_write(id, xfer.error().message);
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -78,6 +78,7 @@ class Producer {
     int32_t num_tokens = 0;
     uint64_t prompt_hash = 0;
     std::vector<BlockId> blocks;
+    LogitsRow logits;              // of the prompt's last position, for the consumer's first token
     bool hold_taken = false;       // the scheduler holds send_hold_owner(id)
     bool cancelled = false;        // the consumer gave up while it was WAITING
     Deadline hold_deadline;

@@ -102,6 +102,10 @@ std::string render_prometheus(const EngineMetricsSnapshot& s, const std::string&
                 kv.transfer_seconds);
     f.labelled_counter("siesta:kv_loads_total", "Requests that asked for remote KV, by outcome.", "outcome",
                        {{"loaded", kv.loads_done}, {"failed", kv.load_failures}});
+    f.counter("siesta:kv_loads_with_logits_total",
+              "Loads that brought the prefill engine's logits of the prompt's last position: the first token was "
+              "sampled from them and no prompt token was computed here.",
+              static_cast<double>(kv.loads_with_logits));
     f.counter("siesta:kv_load_bytes_total", "Bytes of KV loaded into this engine from prefill engines.",
               static_cast<double>(kv.load_bytes));
     f.histogram("siesta:kv_load_seconds", "Histogram of the time from a load's start to its KV in place, in seconds.",

@@ -265,6 +265,10 @@ def loads(port, outcome):
     return metrics(port).get(f'siesta:kv_loads_total{{outcome="{outcome}"}}', 0)
 
 
+def loads_with_logits(port):
+    return metrics(port).get("siesta:kv_loads_with_logits_total", 0)
+
+
 # ---- one backend x mode ---------------------------------------------------------------
 
 class Pair:
@@ -292,9 +296,15 @@ def check_pair(backend, mode, num_requests, faults):
 
         def mixed():
             before = loads(pair.d.port, "loaded")
+            with_logits_before = loads_with_logits(pair.d.port)
             run_and_compare(pair.proxy, specs, f"{backend}-{mode}")
             moved = loads(pair.d.port, "loaded") - before
             assert moved >= len(specs) // 2, f"D loaded the KV of only {moved} of {len(specs)} requests"
+            # Every load that moved KV brought P's logits too: D computed no
+            # prompt token of those requests (the prefix cache may serve whole
+            # prompts without P's logits; none of these share a whole prompt).
+            with_logits = loads_with_logits(pair.d.port) - with_logits_before
+            assert with_logits == moved, f"{with_logits} of {moved} loads brought P's logits"
         checks.check(f"{tag}: {num_requests} mixed requests through the proxy equal the colocated engine's", mixed)
 
         def sleeps():

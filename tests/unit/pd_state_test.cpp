@@ -3,7 +3,10 @@
 // request's blocks become transfer entries.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <limits>
 #include <map>
+#include <memory>
 #include <utility>
 
 #include "pd/kv_blocks.h"
@@ -126,15 +129,42 @@ TEST(PdMessages, EachMessageRoundTrips) {
   auto n = decode_written(encode(Written{"cmpl-9-2", 196608}));
   ASSERT_TRUE(n);
   EXPECT_EQ(n->bytes, 196608u);
+  EXPECT_EQ(n->logits, nullptr);
+}
+
+TEST(PdMessages, LogitsTravelBitForBit) {
+  // Every float32 bit pattern class: signs, zeros, subnormals, infinities, NaN.
+  auto values = std::make_shared<std::vector<float>>();
+  for (float v : {0.0f, -0.0f, 1.5f, -3.25e-3f, 1e-45f, -1e38f, std::numeric_limits<float>::infinity(),
+                  -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()})
+    values->push_back(v);
+  for (int i = 0; i < 151936 - 9; ++i) values->push_back(static_cast<float>(i) * 0.001f - 7.0f);
+  const LogitsRow row = values;
+  auto same = [&](const LogitsRow& got) {
+    ASSERT_NE(got, nullptr);
+    ASSERT_EQ(got->size(), row->size());
+    EXPECT_EQ(std::memcmp(got->data(), row->data(), row->size() * sizeof(float)), 0);
+  };
+  auto w = decode_written(encode(Written{"cmpl-9-2", 4096, row}));
+  ASSERT_TRUE(w) << w.error().message;
+  EXPECT_EQ(w->consumer_request, "cmpl-9-2");
+  same(w->logits);
+  auto r = decode_reply(encode_ok({{"held", true}}, row));
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_TRUE(*reply_bool(*r, "held"));
+  same(r->logits);
+  auto plain = decode_reply(encode_ok({{"held", false}}));
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->logits, nullptr);
 }
 
 TEST(PdMessages, BadMessagesAreRefusedWithoutThrowing) {
-  for (const char* bad : {"", "{", "[]", R"({"v": 1})", R"({"v": 2, "op": "read_done", "producer_request": "x"})",
-                          R"({"v": 1, "op": "launch"})", R"({"v": 1, "op": "read_done", "producer_request": 5})",
-                          R"({"v": 1, "op": "cancel", "x_request_id": "", "choice": 0, "producer_request": ""})",
-                          R"({"v": 1, "op": "read_start", "producer_request": "x", "first_block": -1,
+  for (const char* bad : {"", "{", "[]", R"({"v": 2})", R"({"v": 99, "op": "read_done", "producer_request": "x"})",
+                          R"({"v": 2, "op": "launch"})", R"({"v": 2, "op": "read_done", "producer_request": 5})",
+                          R"({"v": 2, "op": "cancel", "x_request_id": "", "choice": 0, "producer_request": ""})",
+                          R"({"v": 2, "op": "read_start", "producer_request": "x", "first_block": -1,
                               "blocks": [1], "prompt": {}})",
-                          R"({"v": 1, "op": "read_start", "producer_request": "x", "first_block": 0,
+                          R"({"v": 2, "op": "read_start", "producer_request": "x", "first_block": 0,
                               "blocks": [-3], "prompt": {}})"}) {
     auto m = decode_message(bad);
     EXPECT_FALSE(m) << bad;
@@ -143,6 +173,20 @@ TEST(PdMessages, BadMessagesAreRefusedWithoutThrowing) {
     }
   }
   EXPECT_FALSE(decode_written(encode(ReadDone{"x"})));
+  // Logits that do not match what the text announces.
+  const std::string good = encode(Written{"r", 64, std::make_shared<const std::vector<float>>(8, 0.5f)});
+  const size_t nul = good.find('\0');
+  ASSERT_NE(nul, std::string::npos);
+  for (const std::string& bad : {good.substr(0, good.size() - 1), good + "x", good.substr(0, nul + 1),
+                                 std::string(R"({"v": 2, "op": "written", "consumer_request": "r", "bytes": 1})") +
+                                     std::string(1, '\0') + "abcd",
+                                 std::string(R"({"v": 2, "op": "written", "consumer_request": "r", "bytes": 1,
+                                     "logits": -1})") + std::string(1, '\0')}) {
+    auto w = decode_written(bad);
+    ASSERT_FALSE(w);
+    EXPECT_EQ(w.error().code, ErrorCode::kCorrupt);
+  }
+  EXPECT_FALSE(decode_reply(encode_ok({{"held", true}}, std::make_shared<const std::vector<float>>(3, 1.0f)) + "zz"));
 }
 
 TEST(PdMessages, RepliesSayOkOrWhy) {

@@ -84,6 +84,7 @@ struct Finished {
   int32_t num_cached_tokens = 0;
   std::optional<int32_t> stop_token;
   std::vector<BlockId> held_blocks;
+  std::vector<LogitsRow> logits;  // SampledToken::logits of each generated token
 };
 
 SchedulerOptions test_options() {
@@ -127,7 +128,10 @@ class TestEngine {
     ++steps;
     for (RequestOutput& o : *outs) {
       Finished& f = results[o.request_id];
-      for (const SampledToken& t : o.new_tokens) f.tokens.push_back(t.token);
+      for (const SampledToken& t : o.new_tokens) {
+        f.tokens.push_back(t.token);
+        f.logits.push_back(t.logits);
+      }
       f.state = o.state;
       f.num_cached_tokens = o.num_cached_tokens;
       f.stop_token = o.stop_token;
@@ -626,6 +630,93 @@ TEST(Scheduler, ConsumerDecodesFromRemoteKvWithTheSameTokens) {
   EXPECT_EQ(producer.pool.num_free_blocks(), 16);
 }
 
+TEST(Scheduler, OnlyTheFirstTokenOfAHeldRequestKeepsItsLogits) {
+  TestEngine e(16);
+  NewRequest held = request("p", prompt(40, 26), 3, 8, 1.0);
+  held.hold_blocks_for_remote_reader = true;
+  e.add(held);
+  e.add(request("q", prompt(40, 27), 3));
+  auto& r = e.run();
+  ASSERT_EQ(r["p"].logits.size(), 3u);
+  ASSERT_NE(r["p"].logits[0], nullptr);
+  EXPECT_EQ(r["p"].logits[0]->size(), static_cast<size_t>(kVocab));
+  EXPECT_EQ(r["p"].logits[1], nullptr);
+  EXPECT_EQ(r["p"].logits[2], nullptr);
+  for (const LogitsRow& l : r["q"].logits) EXPECT_EQ(l, nullptr);
+  // The kept row is the one the first token came from.
+  Sampler again({}, RandomGenerator(1));
+  SamplingParams params = held.params;
+  EXPECT_EQ(again.sample(*r["p"].logits[0], params, 0).token, r["p"].tokens[0]);
+  ASSERT_TRUE(e.sched->release_hold(send_hold_owner("p")));
+}
+
+// A producer's prefill (max_tokens 1, as the proxy asks) and its KV and
+// logits, for a consumer to continue from.
+struct Prefilled {
+  std::vector<BlockId> blocks;
+  LogitsRow logits;
+};
+Prefilled prefill_on(TestEngine& producer, const std::vector<int32_t>& p) {
+  NewRequest pr = request("x", p, 1);
+  pr.hold_blocks_for_remote_reader = true;
+  producer.add(pr);
+  Finished& f = producer.run()["x"];
+  EXPECT_EQ(f.logits.size(), 1u);
+  return Prefilled{f.held_blocks, f.logits.empty() ? nullptr : f.logits[0]};
+}
+
+TEST(Scheduler, ConsumerContinuesFromTheProducersLogitsWithoutComputingThePrompt) {
+  for (std::optional<uint64_t> seed : {std::optional<uint64_t>(), std::optional<uint64_t>(5)}) {
+    const auto p = prompt(48, 28);  // ends on a block boundary: the first token needs a new block
+    TestEngine producer(16);
+    const Prefilled pre = prefill_on(producer, p);
+    ASSERT_NE(pre.logits, nullptr);
+
+    TestEngine consumer(16);
+    const NewRequest asked = request("x", p, 12, seed, seed ? 1.0 : 0.0);
+    consumer.add(asked);
+    auto target = consumer.sched->await_remote_kv("x");
+    ASSERT_TRUE(target) << target.error().message;
+    for (size_t i = 0; i < pre.blocks.size(); ++i) copy_block(producer, pre.blocks[i], consumer, target->block_table[i]);
+    ASSERT_TRUE(producer.sched->release_hold(send_hold_owner("x")));
+    const SampledToken first = consumer.sampler.sample(*pre.logits, asked.params, 0);
+    auto out = consumer.sched->finish_remote_kv_sampled("x", first);
+    ASSERT_TRUE(out) << out.error().message;
+    EXPECT_EQ(out->new_tokens.size(), 1u);
+    EXPECT_FALSE(out->finished());
+    EXPECT_EQ(consumer.sched->find("x")->state, RequestState::kWaiting);
+    consumer.results["x"].tokens.push_back(first.token);
+    auto& r = consumer.run();
+
+    TestEngine local(16);
+    local.add(request("x", p, 12, seed, seed ? 1.0 : 0.0));
+    EXPECT_EQ(r["x"].tokens, local.run()["x"].tokens);
+    // Only the decode tokens were computed here: none of the prompt.
+    EXPECT_EQ(consumer.model.tokens_computed, 11u);
+  }
+}
+
+TEST(Scheduler, AConsumerRequestCanEndOnTheProducersFirstToken) {
+  const auto p = prompt(30, 29);
+  TestEngine producer(16);
+  const Prefilled pre = prefill_on(producer, p);
+  ASSERT_TRUE(producer.sched->release_hold(send_hold_owner("x")));
+  TestEngine consumer(16);
+  const NewRequest asked = request("x", p, 1);
+  consumer.add(asked);
+  ASSERT_TRUE(consumer.sched->await_remote_kv("x"));
+  auto out = consumer.sched->finish_remote_kv_sampled("x", consumer.sampler.sample(*pre.logits, asked.params, 0));
+  ASSERT_TRUE(out) << out.error().message;
+  EXPECT_EQ(out->state, RequestState::kFinishedLength);
+  EXPECT_EQ(out->num_output_tokens, 1);
+  EXPECT_FALSE(consumer.sched->has_unfinished());
+  EXPECT_EQ(consumer.model.tokens_computed, 0u);
+  // A second call finds nothing to continue.
+  auto again = consumer.sched->finish_remote_kv_sampled("x", SampledToken{});
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().code, ErrorCode::kNotFound);
+}
+
 TEST(Scheduler, AFailedRemoteLoadRecomputesThePrompt) {
   const auto p = prompt(50, 21);
   TestEngine consumer(16);
@@ -707,6 +798,9 @@ TEST(RequestState, TransitionsFollowTheTable) {
   EXPECT_EQ(*next_state(S::kRunning, E::kStop), S::kFinishedStopped);
   EXPECT_EQ(*next_state(S::kPreempted, E::kStop), S::kFinishedStopped);
   EXPECT_EQ(*next_state(S::kRunning, E::kReachLength), S::kFinishedLength);
+  EXPECT_EQ(*next_state(S::kWaiting, E::kStop), S::kFinishedStopped);        // ended on a remote load's first token
+  EXPECT_EQ(*next_state(S::kWaiting, E::kReachLength), S::kFinishedLength);
+  EXPECT_FALSE(next_state(S::kWaitingForRemoteKv, E::kStop));
   for (S s : {S::kWaiting, S::kWaitingForRemoteKv, S::kRunning, S::kPreempted})
     EXPECT_EQ(*next_state(s, E::kAbort), S::kFinishedAborted);
   for (S s : {S::kFinishedStopped, S::kFinishedLength, S::kFinishedAborted}) {
