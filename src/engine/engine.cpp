@@ -847,7 +847,7 @@ std::optional<RequestOutput> Engine::continue_from_remote_logits(const FinishedL
 }
 
 bool Engine::step() {
-  auto outs = run_step(*scheduler_, *model_, kv_.view(), sampler_, logits_);
+  auto outs = run_step(*scheduler_, *model_, kv_.view(), sampler_, logits_, options_.sample_on_device);
   if (!outs) {
     // No request advanced; the requests cannot be trusted to go on either.
     SIESTA_LOG_ERROR("engine: step failed, aborting every request: {}", outs.error().message);

@@ -76,6 +76,10 @@ struct EngineOptions {
   // with it (fixed-order GEMMs; slower). The CPU model is batch-invariant
   // always.
   bool batch_invariant = false;
+  // --device cuda: tokens are chosen on the device and only they come back
+  // (run_step). Off: every row of logits comes back and the host sampler
+  // picks; the tokens are the same either way (for comparing the two).
+  bool sample_on_device = true;
 };
 
 struct EngineLimits {

@@ -8,12 +8,19 @@
 //     if (!outs) ...;                           // forward failed: see below
 //   }
 //
+// A model that chooses tokens on its device (Model::chooses_tokens, the CUDA
+// model) picks them there with the sampler's settings and draws, and only
+// the tokens come back, unless choose_on_device is false or a sequence of
+// the step needs its logits here (log-probabilities, a P/D producer's first
+// token); the tokens are the host sampler's either way.
+//
 // An empty result means nothing was scheduled (all waiting for blocks or for
 // remote KV). If forward fails, no request advances (computed tokens move only
 // in update) and the error is returned; the caller decides whether to retry or
 // to abort the requests of that step (SchedulerOutput is not kept).
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "common/status.h"
@@ -25,6 +32,6 @@
 namespace siesta {
 
 Result<std::vector<RequestOutput>> run_step(Scheduler& scheduler, Model& model, const KvCacheView& kv,
-                                            Sampler& sampler, ForwardOutput& logits);
+                                            Sampler& sampler, ForwardOutput& logits, bool choose_on_device = true);
 
 }  // namespace siesta

@@ -46,18 +46,25 @@ int32_t argmax(const std::vector<Candidate>& work) {
   return best;
 }
 
-int32_t sample_token(std::span<const float> logits, const SamplingParams& p, uint64_t step,
-                     std::span<const int32_t> eos, RandomGenerator& unseeded, std::vector<Candidate>& work) {
+// The draw of a random step, taken before any early return so that an
+// unseeded request always consumes exactly one value of the engine stream per
+// random step; greedy requests draw nothing.
+double draw_for(const SamplingParams& p, uint64_t step, RandomGenerator& unseeded) {
+  if (p.greedy()) return 0.0;
+  return to_unit_interval(p.seed ? request_draw(*p.seed, step) : unseeded.next());
+}
+
+bool masks_stop_tokens(const SamplingParams& p, uint64_t step) {
+  return step < static_cast<uint64_t>(std::max(p.min_tokens, 0));
+}
+
+int32_t sample_token(std::span<const float> logits, const SamplingParams& p, uint64_t step, double u,
+                     std::span<const int32_t> eos, std::vector<Candidate>& work) {
   work.resize(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) work[i] = {clean(logits[i]), static_cast<int32_t>(i)};
-  if (step < static_cast<uint64_t>(std::max(p.min_tokens, 0))) mask_stop_tokens(work, p, eos);
+  if (masks_stop_tokens(p, step)) mask_stop_tokens(work, p, eos);
 
-  // Draw before any early return so that an unseeded request always consumes
-  // exactly one value of the engine stream per random step.
   const bool greedy = p.greedy();
-  double u = 0.0;
-  if (!greedy) u = to_unit_interval(p.seed ? request_draw(*p.seed, step) : unseeded.next());
-
   const int32_t best = argmax(work);
   if (greedy || work[best].score == kNegInf) return best;
 
@@ -124,16 +131,44 @@ Sampler::Sampler(std::vector<int32_t> eos_token_ids, RandomGenerator unseeded)
     : eos_token_ids_(std::move(eos_token_ids)), unseeded_(unseeded) {}
 
 SampledToken Sampler::sample(std::span<const float> logits, const SamplingParams& params, uint64_t step) {
+  return sample_drawn(logits, params, step, draw(params, step));
+}
+
+double Sampler::draw(const SamplingParams& params, uint64_t step) { return draw_for(params, step, unseeded_); }
+
+SampledToken Sampler::sample_drawn(std::span<const float> logits, const SamplingParams& params, uint64_t step,
+                                   double u) {
   SampledToken out;
-  out.token = sample_token(logits, params, step, eos_token_ids_, unseeded_, work_);
+  out.token = sample_token(logits, params, step, u, eos_token_ids_, work_);
   if (params.logprobs) out.logprobs = compute_logprobs(logits, out.token, *params.logprobs);
   return out;
+}
+
+std::optional<TokenChoice> Sampler::device_choice(const SamplingParams& params, uint64_t step, double u,
+                                                  std::vector<int32_t>& banned) const {
+  if (params.logprobs) return std::nullopt;  // log-probabilities need the logits here
+  banned.clear();
+  if (masks_stop_tokens(params, step)) {
+    banned.assign(params.stop_token_ids.begin(), params.stop_token_ids.end());
+    if (!params.ignore_eos) banned.insert(banned.end(), eos_token_ids_.begin(), eos_token_ids_.end());
+    std::sort(banned.begin(), banned.end());
+    banned.erase(std::unique(banned.begin(), banned.end()), banned.end());
+    if (banned.size() > static_cast<size_t>(kMaxChoiceBannedTokens)) return std::nullopt;
+  }
+  TokenChoice c;
+  c.temperature = params.greedy() ? 0.0 : params.temperature;
+  c.top_p = params.top_p;
+  c.top_k = params.top_k;
+  c.min_p = params.min_p;
+  c.uniform = u;
+  c.banned = banned;
+  return c;
 }
 
 int32_t sample(std::span<const float> logits, const SamplingParams& params, uint64_t step,
                RandomGenerator& unseeded, std::span<const int32_t> eos_token_ids) {
   std::vector<Candidate> work;
-  return sample_token(logits, params, step, eos_token_ids, unseeded, work);
+  return sample_token(logits, params, step, draw_for(params, step, unseeded), eos_token_ids, work);
 }
 
 TokenLogprobs compute_logprobs(std::span<const float> logits, int32_t chosen, int32_t n) {

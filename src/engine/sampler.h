@@ -20,12 +20,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "engine/random.h"
 #include "engine/sampled_token.h"
 #include "engine/sampling_params.h"
+#include "model/forward.h"
 
 namespace siesta {
 
@@ -36,6 +38,24 @@ class Sampler {
   Sampler(std::vector<int32_t> eos_token_ids, RandomGenerator unseeded);
 
   SampledToken sample(std::span<const float> logits, const SamplingParams& params, uint64_t step);
+
+  // sample() in two halves, for a model that chooses tokens on its device
+  // (Model::forward_choose): draw() takes the step's random draw (from the
+  // request's own stream, or one value of the engine's for an unseeded
+  // random request; 0 for greedy), in the order sample() would take it;
+  // device_choice() says how the device picks the token with that draw, or
+  // nullopt when only the host can (log-probabilities asked for, more banned
+  // ids than a device takes); `banned` holds the ids the choice names.
+  // sample_drawn() is the host's pick with a draw already taken (a row the
+  // device could not decide).
+  //
+  // One difference remains: when every token but the stop tokens of
+  // min_tokens is -inf, sample() keeps one stop token samplable, while a
+  // device bans them all; real models give finite logits to every token.
+  double draw(const SamplingParams& params, uint64_t step);
+  std::optional<TokenChoice> device_choice(const SamplingParams& params, uint64_t step, double u,
+                                           std::vector<int32_t>& banned) const;
+  SampledToken sample_drawn(std::span<const float> logits, const SamplingParams& params, uint64_t step, double u);
 
   const std::vector<int32_t>& eos_token_ids() const { return eos_token_ids_; }
 

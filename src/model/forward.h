@@ -77,6 +77,23 @@ struct ForwardOutput {
   std::span<const float> last(size_t seq) const { return row(seq, num_rows[seq] - 1); }
 };
 
+// How a model that chooses tokens on its device picks one sequence's next
+// token (Model::forward_choose): the engine sampler's settings for the step
+// and its draw (Sampler::device_choice). NaN counts as -inf, greedy is the
+// first maximum, then temperature, min-p, top-k, top-p and the draw, as the
+// engine sampler does them.
+struct TokenChoice {
+  double temperature = 0.0;         // < 1e-5: greedy
+  double top_p = 1.0;               // 1: off
+  int32_t top_k = 0;                // <= 0: off
+  double min_p = 0.0;               // 0: off
+  double uniform = 0.0;             // the request's draw for this step, in [0, 1)
+  std::span<const int32_t> banned;  // ids that may not be chosen (min_tokens)
+};
+inline constexpr int kMaxChoiceBannedTokens = 32;
+// forward_choose's token for a row the device could not decide.
+inline constexpr int32_t kChooseOnHost = -1;
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -87,6 +104,21 @@ class Model {
   // out of bounds.
   virtual Result<void> forward(std::span<const SequenceChunk> batch, const KvCacheView& kv,
                                ForwardOutput& out) = 0;
+
+  // Whether forward_choose works: the model picks tokens on its device and
+  // brings back only them, not every sequence's row of logits.
+  virtual bool chooses_tokens() const { return false; }
+  // forward(), then each sequence's next token picked from its last row of
+  // logits as choices[i] says (one per sequence; at most
+  // kMaxChoiceBannedTokens banned ids each). tokens[i] == kChooseOnHost: the
+  // device could not decide that row; `logits` then holds one row per
+  // sequence (first_row[i] == i) for the host sampler, and is untouched when
+  // every row was decided.
+  virtual Result<void> forward_choose(std::span<const SequenceChunk> /*batch*/, const KvCacheView& /*kv*/,
+                                      std::span<const TokenChoice> /*choices*/, std::vector<int32_t>& /*tokens*/,
+                                      ForwardOutput& /*logits*/) {
+    return invalid_argument("this model does not choose tokens on a device; call forward");
+  }
 };
 
 // Checks a batch against a model config and cache; shared by every implementation.

@@ -860,4 +860,14 @@ Result<void> CudaQwen3::forward_sample(std::span<const SequenceChunk> batch, con
   return {};
 }
 
+Result<void> CudaQwen3::forward_choose(std::span<const SequenceChunk> batch, const KvCacheView& kv,
+                                       std::span<const TokenChoice> choices, std::vector<int32_t>& tokens,
+                                       ForwardOutput& logits) {
+  SampledTokens out;
+  SIESTA_TRY(forward_sample(batch, kv, choices, out));
+  tokens = std::move(out.tokens);
+  if (out.has_logits) logits = std::move(out.logits);
+  return {};
+}
+
 }  // namespace siesta

@@ -120,6 +120,11 @@ class CudaQwen3 final : public Model {
   Result<void> forward_sample(std::span<const SequenceChunk> batch, const KvCacheView& kv,
                               std::span<const cuda::SamplingRow> rows, SampledTokens& out,
                               bool copy_logits = false);
+  // The Model interface's name for forward_sample (what the engine calls).
+  bool chooses_tokens() const override { return true; }
+  Result<void> forward_choose(std::span<const SequenceChunk> batch, const KvCacheView& kv,
+                              std::span<const TokenChoice> choices, std::vector<int32_t>& tokens,
+                              ForwardOutput& logits) override;
 
   // A KV cache of num_blocks blocks from the model's allocator (tag kv_cache).
   Result<cuda::DeviceBuffer> allocate_kv_cache(int num_blocks);

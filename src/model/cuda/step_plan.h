@@ -114,15 +114,9 @@ inline constexpr int kMaxBannedIdsPerRow = 32;  // == kMaxBannedPerRow
 
 StepLayout step_layout(const StepPlan& plan, bool sampling);
 
-// One row's sampling settings for pack_step.
-struct SamplingRow {
-  double temperature = 0.0;  // < 1e-5: greedy
-  double top_p = 1.0;
-  int32_t top_k = 0;
-  double min_p = 0.0;
-  double uniform = 0.0;                // the request's draw for this step, in [0, 1)
-  std::span<const int32_t> banned;     // ids that may not be chosen (min_tokens); at most 32
-};
+// One row's sampling settings for pack_step: the Model interface's TokenChoice.
+using SamplingRow = TokenChoice;
+static_assert(kMaxChoiceBannedTokens == kMaxBannedIdsPerRow);
 
 // Builds the image. sampling: empty, or one per logits row (padding rows get greedy).
 Result<std::vector<std::byte>> pack_step(const StepPlan& plan, const StepLayout& layout,
