@@ -203,11 +203,14 @@ int main(int argc, char** argv) {
     const char* name;
     bool invariant, overlap, decode, prefill;
     int prefill_heads_per_cta;
+    int decode_partition_tokens;
   };
-  const Mode mode_list[] = {{"default", false, true, true, true, 0},
-                            {"default_without_overlap", false, false, true, false, 0},
-                            {"default_prefill_1_head_per_cta", false, true, false, true, 1},
-                            {"batch_invariant", true, true, true, true, 0}};
+  const Mode mode_list[] = {{"default", false, true, true, true, 0, 0},
+                            {"default_without_overlap", false, false, true, false, 0, 0},
+                            {"default_prefill_1_head_per_cta", false, true, false, true, 1, 0},
+                            {"default_decode_partition_64", false, true, true, false, 0, 64},
+                            {"default_decode_partition_128", false, true, true, false, 0, 128},
+                            {"batch_invariant", true, true, true, true, 0, 0}};
   for (const Mode& md : mode_list) {
     const bool invariant = md.invariant;
     if (invariant && !a.invariant) continue;
@@ -215,6 +218,7 @@ int main(int argc, char** argv) {
     opt.batch_invariant = invariant;
     opt.programmatic_launch = md.overlap;
     opt.prefill_heads_per_cta = md.prefill_heads_per_cta;
+    opt.decode_partition_tokens = md.decode_partition_tokens;
     opt.max_seqs = std::max(256, max_b);
     opt.max_batch_tokens = std::max({8192, max_p, max_b});
     opt.max_model_len = std::max(max_p, a.prompt + a.gen);

@@ -339,6 +339,7 @@ std::vector<float> attend_ref(const AttnFixture& f, const std::vector<int32_t>& 
 }
 
 TEST_F(CudaKernels, DecodeAttentionSplitsLongContextsAndMatchesReference) {
+  for (int partition : {64, 128, 256})
   for (auto [heads, kvh, hd] : {std::tuple{16, 8, 128}, std::tuple{4, 2, 64}, std::tuple{32, 8, 128}}) {
     AttnFixture f{heads, kvh, hd};
     f.blocks = 200;
@@ -377,7 +378,7 @@ TEST_F(CudaKernels, DecodeAttentionSplitsLongContextsAndMatchesReference) {
     d_qs.upload(q_start);
     d_ql.upload(q_len);
     d_dec.upload(decode);
-    const int parts = 16;
+    const int parts = (3000 + partition - 1) / partition;
     DeviceArray<float> d_po(static_cast<size_t>(S) * heads * parts * hd), d_ml(static_cast<size_t>(S) * heads * parts * 2);
     AttentionArgs a;
     a.q = B(d_q);
@@ -397,6 +398,7 @@ TEST_F(CudaKernels, DecodeAttentionSplitsLongContextsAndMatchesReference) {
     a.partial_out = d_po.get();
     a.partial_ml = d_ml.get();
     a.partial_parts = parts;
+    a.partition_tokens = partition;
     CUDA_OK(launch_decode_attention(a, S, parts, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
     const auto out = to_f32(d_out.download());
@@ -411,7 +413,7 @@ TEST_F(CudaKernels, DecodeAttentionSplitsLongContextsAndMatchesReference) {
         const auto want = attend_ref(f, per_seq[s], &qf[(s * heads + h) * hd], h, lens[s]);
         worst = std::max(worst, rel_err(got, want));
       }
-    EXPECT_LT(worst, 1e-2) << heads << "/" << kvh << " heads, head_dim " << hd;
+    EXPECT_LT(worst, 1e-2) << heads << "/" << kvh << " heads, head_dim " << hd << ", partitions of " << partition;
   }
 }
 

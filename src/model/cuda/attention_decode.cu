@@ -1,6 +1,6 @@
 // Decode attention: one query token per sequence over its paged KV cache.
 //
-// One CTA per (kv head, partition of kDecodePartitionTokens, sequence) serves
+// One CTA per (kv head, partition of kP tokens, sequence) serves
 // the whole GQA group of that kv head, so K and V are read once per group.
 // Memory-bound, so plain fp32 FMAs: lane-per-token dot products for the scores,
 // a fixed-order softmax over the partition, and lane-per-dimension weighted sums
@@ -19,10 +19,9 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kP = kDecodePartitionTokens;
 constexpr float kLog2e = 1.4426950408889634f;
 
-template <int kHeadDim, int kGroup>
+template <int kHeadDim, int kGroup, int kP>
 __global__ __launch_bounds__(kThreads) void decode_attention_kernel(AttentionArgs a) {
   dev::begin_dependent_kernel();
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per K row
@@ -208,7 +207,7 @@ __global__ __launch_bounds__(kThreads) void decode_attention_kernel(AttentionArg
 }
 
 // Combines the partitions of each (sequence, head) in partition order.
-template <int kHeadDim>
+template <int kHeadDim, int kP>
 __global__ __launch_bounds__(kHeadDim) void decode_reduce_kernel(AttentionArgs a) {
   dev::begin_dependent_kernel();
   const int dslot = blockIdx.y, h = blockIdx.x;
@@ -229,12 +228,22 @@ __global__ __launch_bounds__(kHeadDim) void decode_reduce_kernel(AttentionArgs a
   a.out[(static_cast<size_t>(row) * a.num_heads + h) * kHeadDim + threadIdx.x] = __float2bfloat16(num / den);
 }
 
+template <int kHeadDim, int kGroup, int kP>
+cudaError_t launch_with(const AttentionArgs& a, int num_decode, int max_partitions, const LaunchConfig& launch) {
+  const dim3 grid(a.num_kv_heads, max_partitions, num_decode);
+  const cudaError_t err = launch_kernel(decode_attention_kernel<kHeadDim, kGroup, kP>, grid, kThreads, 0, launch, a);
+  if (err != cudaSuccess || max_partitions <= 1) return err;
+  return launch_kernel(decode_reduce_kernel<kHeadDim, kP>, dim3(a.num_heads, num_decode), kHeadDim, 0, launch, a);
+}
+
 template <int kHeadDim, int kGroup>
 cudaError_t launch_for(const AttentionArgs& a, int num_decode, int max_partitions, const LaunchConfig& launch) {
-  const dim3 grid(a.num_kv_heads, max_partitions, num_decode);
-  const cudaError_t err = launch_kernel(decode_attention_kernel<kHeadDim, kGroup>, grid, kThreads, 0, launch, a);
-  if (err != cudaSuccess || max_partitions <= 1) return err;
-  return launch_kernel(decode_reduce_kernel<kHeadDim>, dim3(a.num_heads, num_decode), kHeadDim, 0, launch, a);
+  switch (a.partition_tokens) {
+    case 64: return launch_with<kHeadDim, kGroup, 64>(a, num_decode, max_partitions, launch);
+    case 128: return launch_with<kHeadDim, kGroup, 128>(a, num_decode, max_partitions, launch);
+    case 256: return launch_with<kHeadDim, kGroup, 256>(a, num_decode, max_partitions, launch);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 template <int kHeadDim>
@@ -250,6 +259,8 @@ cudaError_t launch_for_head_dim(const AttentionArgs& a, int num_decode, int max_
 
 }  // namespace
 
+bool decode_partition_supported(int tokens) { return tokens == 64 || tokens == 128 || tokens == 256; }
+
 bool attention_supported(int num_heads, int num_kv_heads, int head_dim) {
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return false;
   const int group = num_heads / num_kv_heads;
@@ -259,7 +270,8 @@ bool attention_supported(int num_heads, int num_kv_heads, int head_dim) {
 cudaError_t launch_decode_attention(const AttentionArgs& args, int num_decode, int max_partitions,
                                     LaunchConfig launch) {
   if (num_decode <= 0) return cudaSuccess;
-  if (!attention_supported(args.num_heads, args.num_kv_heads, args.head_dim) || max_partitions < 1 ||
+  if (!attention_supported(args.num_heads, args.num_kv_heads, args.head_dim) ||
+      !decode_partition_supported(args.partition_tokens) || max_partitions < 1 ||
       (max_partitions > 1 && max_partitions > args.partial_parts) || max_partitions > 65535 || num_decode > 65535)
     return cudaErrorInvalidValue;
   return args.head_dim == 64 ? launch_for_head_dim<64>(args, num_decode, max_partitions, launch)

@@ -37,9 +37,11 @@ struct LaunchConfig {
 
 inline constexpr int kKvBlockSize = 16;
 // Decode attention splits a sequence's context into partitions of this many
-// tokens (then reduces them in partition order). Fixed, so a sequence's
-// result never depends on how many other sequences share the step.
+// tokens (then reduces them in partition order). Fixed for a model
+// (CudaModelOptions::decode_partition_tokens), so a sequence's result never
+// depends on how many other sequences share the step. Compiled: 64, 128, 256.
 inline constexpr int kDecodePartitionTokens = 256;
+bool decode_partition_supported(int tokens);
 // Prefill attention: query rows per CTA (key tiles are the same size).
 inline constexpr int kPrefillTileRows = 64;
 
@@ -104,6 +106,7 @@ struct AttentionArgs {
   float* partial_out = nullptr;
   float* partial_ml = nullptr;
   int partial_parts = 0;
+  int partition_tokens = kDecodePartitionTokens;  // decode_partition_supported
   // Prefill: work items (sequence, query tile of kPrefillTileRows rows), as int32 pairs.
   const int32_t* prefill_items = nullptr;
   // Query heads per prefill CTA (they share a kv head): 1 or 2; 0 = 2 when the GQA group is even.
@@ -114,7 +117,7 @@ struct AttentionArgs {
 bool attention_supported(int num_heads, int num_kv_heads, int head_dim);
 
 // Decode attention for num_decode sequences, each split into up to
-// max_partitions partitions of kDecodePartitionTokens (max_partitions <=
+// max_partitions partitions of args.partition_tokens (max_partitions <=
 // partial_parts); sequences that need more than one are reduced in a second kernel.
 cudaError_t launch_decode_attention(const AttentionArgs& args, int num_decode, int max_partitions,
                                     LaunchConfig launch);

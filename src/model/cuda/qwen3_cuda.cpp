@@ -214,7 +214,10 @@ struct CudaQwen3::Impl {
   // Batch-invariant mode sends one-token chunks through the prefill kernel
   // too, so a row's attention does not depend on how its prompt was chunked.
   cuda::StepShape shape() const {
-    return {cuda::kDecodePartitionTokens, cuda::kPrefillTileRows, opt.batch_invariant};
+    return {partition_tokens(), cuda::kPrefillTileRows, opt.batch_invariant};
+  }
+  int partition_tokens() const {
+    return opt.decode_partition_tokens > 0 ? opt.decode_partition_tokens : cuda::kDecodePartitionTokens;
   }
   bool use_gemv(int T) const { return !opt.batch_invariant && gemv_ok && T <= cuda::kGemvMaxRows; }
   cuda::LaunchConfig launch() const { return {stream, opt.programmatic_launch}; }
@@ -302,7 +305,7 @@ Result<void> CudaQwen3::Impl::init_buffers() {
   const size_t T = opt.max_batch_tokens, S = opt.max_seqs;
   const size_t H = cfg.hidden_size, QD = cfg.q_dim(), I = cfg.intermediate_size, V = cfg.vocab_size;
   logits_rows_cap = std::max<int>(opt.max_seqs, 64);
-  partial_parts = (opt.max_model_len + cuda::kDecodePartitionTokens - 1) / cuda::kDecodePartitionTokens;
+  partial_parts = (opt.max_model_len + partition_tokens() - 1) / partition_tokens();
   const size_t max_blocks_per_seq = (opt.max_model_len + kBlockSize - 1) / kBlockSize;
   // Every section of the step image at its largest, plus alignment.
   const size_t ints = 3 * T + 5 * S + 2 * (T / cuda::kPrefillTileRows + S) + T + S * max_blocks_per_seq;
@@ -438,6 +441,7 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
   aa.partial_parts = partial_parts;
   aa.prefill_items = p.prefill_items;
   aa.prefill_heads_per_cta = opt.prefill_heads_per_cta;
+  aa.partition_tokens = partition_tokens();
 
   for (int l = 0; l < cfg.num_layers; ++l) {
     const LayerWeights& w = layers[l];
@@ -666,6 +670,9 @@ Result<std::unique_ptr<CudaQwen3>> CudaQwen3::create(const ModelConfig& cfg, con
                             "(and hidden_size at most 8192)");
   if (options.max_batch_tokens < 1 || options.max_seqs < 1 || options.max_seqs > 65535)
     return invalid_argument("CUDA model: max_batch_tokens and max_seqs must be positive (max_seqs <= 65535)");
+  if (options.decode_partition_tokens != 0 && !cuda::decode_partition_supported(options.decode_partition_tokens))
+    return invalid_argument("CUDA model: decode_partition_tokens " + std::to_string(options.decode_partition_tokens) +
+                            " is not compiled (64, 128 or 256)");
 
   int devices = 0;
   SIESTA_CUDA_TRY(cudaGetDeviceCount(&devices), "looking for a CUDA device");

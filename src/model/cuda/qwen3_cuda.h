@@ -72,6 +72,8 @@ struct CudaModelOptions {
   bool programmatic_launch = true;
   // Query heads per prefill attention CTA (kernels.h); 0 = the default. For benchmarks.
   int prefill_heads_per_cta = 0;
+  // Decode attention partition (kernels.h: 64, 128 or 256 tokens); 0 = the default.
+  int decode_partition_tokens = 0;
   // Time each kernel group with CUDA events between eager launches (no graphs);
   // read with CudaQwen3::profile(). For finding where time goes, not for speed.
   bool profile = false;
