@@ -1,11 +1,12 @@
 // siesta bench transfer --backend ipc|ucx [--memory host|cuda] --sizes 4K,64K,1M,16M,64M --batch N [--json]
-//                       [--ucx-staging auto|always|never]
+//                       [--ucx-staging auto|always|never] [--ipc-copy auto|kernel|copy_engine|both]
 //
 // Bandwidth and latency of the transfer engine between two processes (this
 // one and a copy of itself as the peer), with the limit measured in the same
 // run and every byte verified: src/transfer/transfer_bench.h says how. Prints
 // one table, or with --json a list with, per size, bytes, gb_per_s,
-// limit_gb_per_s, p50_us, p99_us and verified.
+// limit_gb_per_s, p50_us, p99_us and verified (and ipc_copy for ipc with CUDA
+// memory: --ipc-copy both gives a row per copy path, measured in the same rounds).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -35,6 +36,7 @@ struct Flags {
   std::string ucx_staging = "auto";
   int cuda_device = 0;
   int peer_cuda_device = -1;
+  std::string ipc_copy = "auto";
   bool json = false;
   bool serve_peer = false;
 };
@@ -66,6 +68,7 @@ int run(const Flags& f) {
   o.ucx_staging = f.ucx_staging;
   o.cuda_device = f.cuda_device;
   o.peer_cuda_device = f.peer_cuda_device;
+  o.ipc_copy = f.ipc_copy;
   o.peer_argv = {"/proc/self/exe", "bench", "transfer", "--serve-peer"};
   auto report = transfer::run_transfer_bench(o);
   if (!report) {
@@ -78,25 +81,29 @@ int run(const Flags& f) {
     for (size_t i = 0; i < report->rows.size(); ++i) {
       const auto& r = report->rows[i];
       all_verified = all_verified && r.verified;
+      std::string path = r.ipc_copy.empty() ? "" : fmt::format(", \"ipc_copy\": \"{}\"", r.ipc_copy);
       std::cout << fmt::format(
           "  {{\"bytes\": {}, \"batch\": {}, \"op\": \"{}\", \"iterations\": {}, \"gb_per_s\": {:.4f}, "
-          "\"limit_gb_per_s\": {:.4f}, \"p50_us\": {:.1f}, \"p99_us\": {:.1f}, \"verified\": {}}}{}\n",
+          "\"limit_gb_per_s\": {:.4f}, \"p50_us\": {:.1f}, \"p99_us\": {:.1f}, \"verified\": {}{}}}{}\n",
           r.bytes, r.batch, f.op, r.iterations, r.gb_per_s, r.limit_gb_per_s, r.p50_us, r.p99_us,
-          r.verified ? "true" : "false", i + 1 < report->rows.size() ? "," : "");
+          r.verified ? "true" : "false", path, i + 1 < report->rows.size() ? "," : "");
     }
     std::cout << "]" << std::endl;
   } else {
-    std::cout << fmt::format("transfer bench: backend {}, {} memory{}, {} of {} entries per transfer\nlimit: {}\n",
+    bool paths = !report->rows.empty() && !report->rows.front().ipc_copy.empty();
+    std::cout << fmt::format("transfer bench: backend {}, {} memory{}{}, {} of {} entries per transfer\nlimit: {}\n",
                              f.backend, f.memory,
-                             f.backend == "ucx" && f.ucx_staging != "auto" ? ", staging " + f.ucx_staging : "", f.op,
-                             f.batch, report->limit);
-    std::cout << fmt::format("{:>8} {:>6} {:>10} {:>10} {:>7} {:>10} {:>10} {:>8}\n", "size", "iters", "GB/s", "limit",
-                             "of lim", "p50 us", "p99 us", "verified");
+                             f.backend == "ucx" && f.ucx_staging != "auto" ? ", staging " + f.ucx_staging : "",
+                             paths ? ", ipc copy " + f.ipc_copy : "", f.op, f.batch, report->limit);
+    std::cout << fmt::format("{:>8}{} {:>6} {:>10} {:>10} {:>7} {:>10} {:>10} {:>8}\n", "size",
+                             paths ? fmt::format(" {:>11}", "copy") : "", "iters", "GB/s", "limit", "of lim", "p50 us",
+                             "p99 us", "verified");
     for (const auto& r : report->rows) {
       all_verified = all_verified && r.verified;
-      std::cout << fmt::format("{:>8} {:>6} {:>10.3f} {:>10.3f} {:>6.0f}% {:>10.1f} {:>10.1f} {:>8}\n", human(r.bytes),
-                               r.iterations, r.gb_per_s, r.limit_gb_per_s, 100.0 * r.gb_per_s / r.limit_gb_per_s,
-                               r.p50_us, r.p99_us, r.verified ? "yes" : "NO");
+      std::cout << fmt::format("{:>8}{} {:>6} {:>10.3f} {:>10.3f} {:>6.0f}% {:>10.1f} {:>10.1f} {:>8}\n", human(r.bytes),
+                               paths ? fmt::format(" {:>11}", r.ipc_copy) : "", r.iterations, r.gb_per_s,
+                               r.limit_gb_per_s, 100.0 * r.gb_per_s / r.limit_gb_per_s, r.p50_us, r.p99_us,
+                               r.verified ? "yes" : "NO");
     }
   }
   if (!all_verified) {
@@ -131,6 +138,12 @@ void add_bench_transfer_command(CLI::App& bench) {
   cmd->add_option("--peer-cuda-device", f->peer_cuda_device,
                   "CUDA device of the peer's memory (default: --cuda-device); another GPU measures a cross-GPU "
                   "transfer against cudaMemcpyPeer");
+  cmd->add_option("--ipc-copy", f->ipc_copy,
+                  "ipc with CUDA memory, how the initiator copies: auto (the SM gather kernel on one GPU, copy engines "
+                  "across GPUs), kernel (the kernel across GPUs too), copy_engine (cudaMemcpyAsync per piece), or "
+                  "both: kernel and copy_engine in the same rounds, a row each")
+      ->check(CLI::IsMember({"auto", "kernel", "copy_engine", "both"}))
+      ->capture_default_str();
   cmd->add_flag("--json", f->json, "Print a JSON list instead of the table");
   cmd->add_flag("--serve-peer", f->serve_peer, "Run as the benchmark's peer process (started by the benchmark)")
       ->group("");

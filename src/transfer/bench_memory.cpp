@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "transfer/ipc/piece_copy.h"
+
 namespace siesta::transfer {
 
 namespace {

@@ -20,6 +20,7 @@
 
 #include "common/log.h"
 #include "transfer/bench_memory.h"
+#include "transfer/ipc/piece_copy.h"
 #include "transfer/transfer_engine.h"
 #include "transfer/ucx/ucx_put_probe.h"
 
@@ -171,11 +172,35 @@ std::string limit_description(const TransferBenchOptions& o) {
     return fmt::format("raw UCX put loop (ucp_put_nbx + flush, transports {}){}, same bytes", o.ucx_transports,
                        o.memory == MemoryKind::kCuda ? " between host buffers" : "");
   if (o.memory == MemoryKind::kCuda && peer_device(o) != o.cuda_device)
-    return fmt::format("cudaMemcpyPeer from device {} to device {} in one process, same bytes", o.cuda_device,
-                       peer_device(o));
-  return o.memory == MemoryKind::kCuda ? "cudaMemcpy device-to-device in one process, same bytes"
-                                       : "memcpy in one process, one thread, same bytes";
+    return fmt::format("cudaMemcpyPeer from device {} to device {} of each transfer's bytes as one range, in one "
+                       "process, same bytes",
+                       o.cuda_device, peer_device(o));
+  return o.memory == MemoryKind::kCuda
+             ? "cudaMemcpy device-to-device of each transfer's bytes as one range, in one process, same bytes"
+             : "memcpy in one process, one thread, same bytes";
 }
+
+// The initiator's copy paths: one, or with "both" (ipc, CUDA memory) the
+// gather kernel and the copy engines.
+Result<std::vector<std::string>> ipc_copy_paths(const TransferBenchOptions& o) {
+  if (o.ipc_copy != "both") {
+    SIESTA_TRY(ipc::parse_cuda_copy_path(o.ipc_copy));
+    return std::vector<std::string>{o.ipc_copy};
+  }
+  if (o.backend != "ipc" || o.memory != MemoryKind::kCuda)
+    return invalid_argument("--ipc-copy both compares the ipc backend's copy paths for CUDA memory: use it with "
+                            "--backend ipc --memory cuda");
+  return std::vector<std::string>{"kernel", "copy_engine"};
+}
+
+// One engine of the initiator (one per copy path) and what it registered.
+struct Initiator {
+  std::string ipc_copy;
+  std::unique_ptr<TransferEngine> engine;
+  RegionId local_id;
+  std::string peer_id;
+  std::vector<XferEntry> entries;
+};
 
 }  // namespace
 
@@ -267,6 +292,8 @@ int serve_transfer_bench_peer() {
 Result<TransferBenchReport> run_transfer_bench(const TransferBenchOptions& o) {
   if (o.sizes.empty()) return invalid_argument("no entry sizes to measure");
   if (o.batch == 0) return invalid_argument("the batch must hold at least one entry");
+  SIESTA_ASSIGN_OR_RETURN(std::vector<std::string> paths, ipc_copy_paths(o));
+  const bool cuda_ipc = o.backend == "ipc" && o.memory == MemoryKind::kCuda;
   size_t largest = *std::max_element(o.sizes.begin(), o.sizes.end());
   size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   size_t region_bytes = (largest * o.batch + page - 1) / page * page;
@@ -279,11 +306,20 @@ Result<TransferBenchReport> run_transfer_bench(const TransferBenchOptions& o) {
                                                  region_bytes));
   std::unique_ptr<BenchMemory> local = std::move(*made);
   SIESTA_ASSIGN_OR_RETURN(auto peer, spawn_peer(o, region_bytes));
-  SIESTA_ASSIGN_OR_RETURN(auto engine, TransferEngine::create(engine_config(o, fmt::format("bench-initiator-{}", getpid()))));
-  SIESTA_ASSIGN_OR_RETURN(RegionId local_id, engine->register_region(local->spec()));
-  SIESTA_ASSIGN_OR_RETURN(std::string peer_id, engine->connect(peer->address, Clock::now() + kStartWait));
+  std::vector<Initiator> initiators(paths.size());
+  for (size_t k = 0; k < paths.size(); ++k) {
+    Initiator& in = initiators[k];
+    in.ipc_copy = paths[k];
+    TransferConfig config = engine_config(o, fmt::format("bench-initiator-{}{}", getpid(),
+                                                         paths.size() > 1 ? "-" + paths[k] : ""));
+    config.ipc_copy = paths[k];
+    SIESTA_ASSIGN_OR_RETURN(in.engine, TransferEngine::create(config));
+    SIESTA_ASSIGN_OR_RETURN(in.local_id, in.engine->register_region(local->spec()));
+    SIESTA_ASSIGN_OR_RETURN(in.peer_id, in.engine->connect(peer->address, Clock::now() + kStartWait));
+  }
+  TransferEngine& first = *initiators.front().engine;
   auto ask = [&](const std::string& cmd) -> Result<std::string> {
-    auto r = engine->send_message(peer->address, cmd, Clock::now() + kStepWait);
+    auto r = first.send_message(peer->address, cmd, Clock::now() + kStepWait);
     if (!r) return r.error().with_context(fmt::format("benchmark peer, '{}'", cmd.substr(0, cmd.find(' '))));
     return r;
   };
@@ -315,20 +351,38 @@ Result<TransferBenchReport> run_transfer_bench(const TransferBenchOptions& o) {
     size_t size = o.sizes[si];
     size_t per_xfer = size * o.batch;
     size_t iters = o.iterations != 0 ? o.iterations : std::clamp<size_t>((size_t{512} << 20) / per_xfer, 5, 2000);
-    std::vector<XferEntry> entries;
-    for (size_t i = 0; i < o.batch; ++i) entries.push_back({local_id, i * size, remote, i * size, size});
-    // Fresh content per entry on the source, another on the destination, so
-    // verification cannot pass on what an earlier size left behind.
-    auto seed_of = [&](size_t i) -> uint64_t { return 1000 * (si + 1) + i; };
-    for (size_t i = 0; i < o.batch; ++i) {
-      uint64_t src = seed_of(i), dst = seed_of(i) + 500;
-      SIESTA_TRY(local->fill(i * size, size, write ? src : dst));
-      SIESTA_TRY(ask(fmt::format("fill {} {} {}", i * size, size, write ? dst : src)));
+    for (Initiator& in : initiators) {
+      in.entries.clear();
+      for (size_t i = 0; i < o.batch; ++i) in.entries.push_back({in.local_id, i * size, remote, i * size, size});
     }
-    auto one_transfer = [&]() -> Result<double> {
+    // Fresh content per entry on the source, another on the destination, so
+    // verification cannot pass on what an earlier size (or path) left behind.
+    auto seed_of = [&](size_t i) -> uint64_t { return 1000 * (si + 1) + i; };
+    auto fill_destination = [&]() -> Ok {
+      for (size_t i = 0; i < o.batch; ++i) {
+        uint64_t dst = seed_of(i) + 500;
+        if (write) {
+          SIESTA_TRY(ask(fmt::format("fill {} {} {}", i * size, size, dst)));
+        } else {
+          SIESTA_TRY(local->fill(i * size, size, dst));
+        }
+      }
+      return {};
+    };
+    for (size_t i = 0; i < o.batch; ++i) {
+      uint64_t src = seed_of(i);
+      if (write) {
+        SIESTA_TRY(local->fill(i * size, size, src));
+      } else {
+        SIESTA_TRY(ask(fmt::format("fill {} {} {}", i * size, size, src)));
+      }
+    }
+    SIESTA_TRY(fill_destination());
+    auto one_transfer = [&](Initiator& in) -> Result<double> {
       auto t0 = Clock::now();
-      SIESTA_ASSIGN_OR_RETURN(XferId id, engine->submit(peer_id, o.op, entries, std::nullopt, Clock::now() + kStepWait));
-      XferStatus st = engine->wait(id, Clock::now() + kStepWait);
+      SIESTA_ASSIGN_OR_RETURN(XferId id,
+                              in.engine->submit(in.peer_id, o.op, in.entries, std::nullopt, Clock::now() + kStepWait));
+      XferStatus st = in.engine->wait(id, Clock::now() + kStepWait);
       if (st.pending()) return timeout("a benchmark transfer did not finish in 120 s");
       if (st.failed()) return st.why;
       return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
@@ -340,49 +394,60 @@ Result<TransferBenchReport> run_transfer_bench(const TransferBenchOptions& o) {
           std::memcpy(limit_dst->base() + i * size, limit_src->base() + i * size, size);
         return {};
       }
-      std::vector<ipc::CopyPiece> pieces;
-      for (size_t i = 0; i < o.batch; ++i)
-        pieces.push_back({limit_dst->base() + i * size, limit_src->base() + i * size, size});
-      return ipc::cuda_copy(pieces, o.cuda_device);
+      return ipc::cuda_copy({{limit_dst->base(), limit_src->base(), per_xfer}}, o.cuda_device);
     };
-    for (int w = 0; w < 2; ++w) SIESTA_TRY(one_transfer());
+    for (Initiator& in : initiators)
+      for (int w = 0; w < 2; ++w) SIESTA_TRY(one_transfer(in));
     for (int w = 0; w < 2; ++w) SIESTA_TRY(limit_once());
-    // The engine and its limit take turns in rounds, so that load from
-    // elsewhere on the machine falls on both alike.
+    // The engine (each of its copy paths) and its limit take turns in rounds,
+    // so that load from elsewhere on the machine falls on all alike.
     size_t rounds = std::min<size_t>(kRounds, iters);
-    std::vector<double> latencies;
-    double seconds = 0, limit_seconds = 0;
+    std::vector<std::vector<double>> latencies(initiators.size());
+    std::vector<double> seconds(initiators.size(), 0.0);
+    double limit_seconds = 0;
     for (size_t r = 0; r < rounds; ++r) {
       size_t n = iters * (r + 1) / rounds - iters * r / rounds;
-      auto start = Clock::now();
-      for (size_t i = 0; i < n; ++i) {
-        SIESTA_ASSIGN_OR_RETURN(double us, one_transfer());
-        latencies.push_back(us);
+      for (size_t k = 0; k < initiators.size(); ++k) {
+        auto start = Clock::now();
+        for (size_t i = 0; i < n; ++i) {
+          SIESTA_ASSIGN_OR_RETURN(double us, one_transfer(initiators[k]));
+          latencies[k].push_back(us);
+        }
+        seconds[k] += std::chrono::duration<double>(Clock::now() - start).count();
       }
-      seconds += std::chrono::duration<double>(Clock::now() - start).count();
       auto limit_start = Clock::now();
       for (size_t i = 0; i < n; ++i) SIESTA_TRY(limit_once());
       limit_seconds += std::chrono::duration<double>(Clock::now() - limit_start).count();
     }
 
-    bool verified = true;
-    for (size_t i = 0; i < o.batch && verified; ++i) {
-      SIESTA_ASSIGN_OR_RETURN(uint64_t mine, local->hash(i * size, size));
-      SIESTA_ASSIGN_OR_RETURN(std::string theirs, ask(fmt::format("hash {} {}", i * size, size)));
-      verified = std::to_string(mine) == theirs && mine == local->expected_hash(size, seed_of(i));
-    }
-
-    TransferBenchRow row;
-    row.bytes = size;
-    row.batch = o.batch;
-    row.iterations = iters;
+    auto verify = [&]() -> Result<bool> {
+      for (size_t i = 0; i < o.batch; ++i) {
+        SIESTA_ASSIGN_OR_RETURN(uint64_t mine, local->hash(i * size, size));
+        SIESTA_ASSIGN_OR_RETURN(std::string theirs, ask(fmt::format("hash {} {}", i * size, size)));
+        if (std::to_string(mine) != theirs || mine != local->expected_hash(size, seed_of(i))) return false;
+      }
+      return true;
+    };
     double moved = static_cast<double>(per_xfer) * static_cast<double>(iters);
-    row.gb_per_s = moved / seconds / 1e9;
-    row.limit_gb_per_s = moved / limit_seconds / 1e9;
-    row.p50_us = percentile(latencies, 0.50);
-    row.p99_us = percentile(latencies, 0.99);
-    row.verified = verified;
-    report.rows.push_back(row);
+    for (size_t k = 0; k < initiators.size(); ++k) {
+      // One path: its timed transfers left the bytes. Several: each path
+      // copies over a fresh destination once more, and is verified alone.
+      if (initiators.size() > 1) {
+        SIESTA_TRY(fill_destination());
+        SIESTA_TRY(one_transfer(initiators[k]));
+      }
+      TransferBenchRow row;
+      SIESTA_ASSIGN_OR_RETURN(row.verified, verify());
+      row.bytes = size;
+      row.batch = o.batch;
+      row.iterations = iters;
+      row.gb_per_s = moved / seconds[k] / 1e9;
+      row.limit_gb_per_s = moved / limit_seconds / 1e9;
+      row.p50_us = percentile(latencies[k], 0.50);
+      row.p99_us = percentile(latencies[k], 0.99);
+      if (cuda_ipc) row.ipc_copy = initiators[k].ipc_copy;
+      report.rows.push_back(row);
+    }
   }
   return report;
 }

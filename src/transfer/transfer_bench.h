@@ -6,14 +6,22 @@
 // SIESTA_TRANSFER_BENCH_PEER) registers the target region. For each entry
 // size, transfers of `batch` entries of that size run one at a time, each
 // timed from submit() to done, and the limit moves the same bytes the same
-// number of times (memcpy for ipc host memory, cudaMemcpy device-to-device
-// for ipc CUDA memory — from one GPU to the other when the peer's memory is on
-// another device —, a raw UCX put loop for ucx: between the host regions
-// themselves, or between host buffers of the same size when the regions are
-// CUDA memory, whose staging aims at that rate). The two take turns in ten
-// rounds, so load from elsewhere on a shared machine falls on both alike.
-// Then every transferred byte is verified (both sides hash each entry, and
-// the hash must be that of the source's pattern).
+// number of times (memcpy for ipc host memory; for ipc CUDA memory one
+// cudaMemcpyAsync of each transfer's bytes as one range, device to device —
+// from one GPU to the other when the peer's memory is on another device —,
+// the rate that per-piece costs of either copy path can only approach; a raw
+// UCX put loop for ucx: between the host regions themselves, or between host
+// buffers of the same size when the regions are CUDA memory, whose staging
+// aims at that rate). The two take turns in ten rounds, so load from
+// elsewhere on a shared machine falls on both alike. Then every transferred
+// byte is verified (both sides hash each entry, and the hash must be that of
+// the source's pattern).
+//
+// ipc with CUDA memory: `ipc_copy` is the initiator's TransferConfig::ipc_copy
+// (the initiator copies), or "both": two initiator engines, one with the
+// gather kernel and one with copy engines, take their turns in the same
+// rounds against the same limit; each size then has a row per path, each
+// verified on its own.
 //
 // A program that can be the peer calls serve_transfer_bench_peer() when
 // transfer_bench_peer_requested() (the CLI: `bench transfer --serve-peer`).
@@ -42,6 +50,7 @@ struct TransferBenchOptions {
   int cuda_device = 0;       // the initiator's memory (and the device that copies, for ipc)
   int peer_cuda_device = -1;  // the peer's memory; -1: cuda_device. Another GPU: the ipc
                               // limit is a peer copy (cudaMemcpyPeer) between the two
+  std::string ipc_copy = "auto";  // auto | kernel | copy_engine | both (ipc, CUDA memory)
   // The peer process: an executable and its arguments (argv[0] first).
   std::vector<std::string> peer_argv;
 };
@@ -55,6 +64,7 @@ struct TransferBenchRow {
   double p50_us = 0;
   double p99_us = 0;
   bool verified = false;
+  std::string ipc_copy;  // the initiator's ipc_copy (ipc with CUDA memory; empty otherwise)
 };
 
 struct TransferBenchReport {

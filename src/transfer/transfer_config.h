@@ -27,8 +27,14 @@ struct TransferConfig {
   // before it answers that it could not drop the peer's memory yet.
   std::chrono::milliseconds invalidate_drain_timeout{5000};
 
-  // ipc: CUDA device whose context imports a peer's CUDA memory.
+  // ipc: CUDA device whose context imports a peer's CUDA memory (and copies).
   int cuda_device = 0;
+  // ipc: how pieces of CUDA memory are copied (src/transfer/ipc/piece_copy.h).
+  // "auto": one SM gather-kernel launch for the pieces whose both ends are on
+  // cuda_device, cudaMemcpyAsync per piece for the rest (another GPU, host
+  // memory); "kernel": the kernel across GPUs with peer access too;
+  // "copy_engine": cudaMemcpyAsync per piece, always.
+  std::string ipc_copy = "auto";
   // ucx: UCX_TLS and UCX_NET_DEVICES for this engine's UCP context (empty:
   // UCX's own choice or the environment's).
   std::string ucx_transports;

@@ -28,13 +28,16 @@ TransferBenchOptions options(const std::string& backend, std::vector<size_t> siz
   return o;
 }
 
-void expect_rows(const Result<TransferBenchReport>& report, const std::vector<size_t>& sizes, size_t batch) {
+// `paths`: the initiator's copy paths, a row each per size (ipc with CUDA memory).
+void expect_rows(const Result<TransferBenchReport>& report, const std::vector<size_t>& sizes, size_t batch,
+                 const std::vector<std::string>& paths = {""}) {
   ASSERT_TRUE(report) << report.error().message;
-  ASSERT_EQ(report->rows.size(), sizes.size());
+  ASSERT_EQ(report->rows.size(), sizes.size() * paths.size());
   EXPECT_FALSE(report->limit.empty());
-  for (size_t i = 0; i < sizes.size(); ++i) {
+  for (size_t i = 0; i < report->rows.size(); ++i) {
     const TransferBenchRow& r = report->rows[i];
-    EXPECT_EQ(r.bytes, sizes[i]);
+    EXPECT_EQ(r.bytes, sizes[i / paths.size()]);
+    EXPECT_EQ(r.ipc_copy, paths[i % paths.size()]);
     EXPECT_EQ(r.batch, batch);
     EXPECT_EQ(r.iterations, 5u);
     EXPECT_TRUE(r.verified) << "size " << r.bytes;
@@ -88,16 +91,36 @@ TEST(TransferBench, UcxCudaMemoryOrAClearRefusal) {
   expect_rows(run_transfer_bench(o), {4096, 1u << 20, 16u << 20}, 3);
 }
 
-// Runs where a GPU is (the device machine); skipped elsewhere.
+// Runs where a GPU is (the device machine); skipped elsewhere. The default
+// (the gather kernel on one GPU), then both copy paths in the same rounds, each
+// verified on its own, with entries of an odd size too (every entry after the
+// first then starts at an unaligned offset).
 TEST(TransferBench, IpcCudaMemoryBetweenTwoProcesses) {
   auto probe = BenchMemory::create(MemoryKind::kCuda, 1u << 20, 0);
   if (!probe) GTEST_SKIP() << "no CUDA memory here: " << probe.error().message;
   probe->reset();
-  TransferBenchOptions o = options("ipc", {4096, 1u << 20, 16u << 20}, 3);
+  const std::vector<size_t> sizes = {4093, 1u << 20, 16u << 20};
+  TransferBenchOptions o = options("ipc", sizes, 3);
   o.memory = MemoryKind::kCuda;
-  expect_rows(run_transfer_bench(o), {4096, 1u << 20, 16u << 20}, 3);
+  expect_rows(run_transfer_bench(o), sizes, 3, {"auto"});
+  o.ipc_copy = "both";
+  expect_rows(run_transfer_bench(o), sizes, 3, {"kernel", "copy_engine"});
   o.op = XferOp::kRead;
-  expect_rows(run_transfer_bench(o), {4096, 1u << 20, 16u << 20}, 3);
+  expect_rows(run_transfer_bench(o), sizes, 3, {"kernel", "copy_engine"});
+}
+
+// Comparing copy paths only means something for CUDA memory over ipc.
+TEST(TransferBench, IpcCopyBothNeedsCudaMemoryOverIpc) {
+  TransferBenchOptions o = options("ipc", {4096}, 1);
+  o.ipc_copy = "both";
+  auto report = run_transfer_bench(o);
+  ASSERT_FALSE(report);
+  EXPECT_NE(report.error().message.find("--memory cuda"), std::string::npos) << report.error().message;
+  o.memory = MemoryKind::kCuda;
+  o.ipc_copy = "fastest";
+  report = run_transfer_bench(o);
+  ASSERT_FALSE(report);
+  EXPECT_NE(report.error().message.find("ipc_copy"), std::string::npos) << report.error().message;
 }
 
 TEST(TransferBench, ParsesSizesAndRefusesNonsense) {

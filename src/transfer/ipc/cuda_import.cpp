@@ -4,6 +4,9 @@
 #include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <string>
+#include <vector>
+
 #ifdef SIESTA_HAVE_CUDA
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -80,7 +83,7 @@ Status cu_error(const DriverCalls& d, const std::string& what, CUresult r) {
 Result<const DriverCalls*> usable_driver(int device) {
   const DriverCalls& d = driver();
   if (!d.ok) return d.missing;
-  // The runtime's primary context on `device` makes mappings usable by cudaMemcpyAsync.
+  // The runtime's primary context on `device` makes mappings usable by its copies and kernels.
   cudaError_t e = cudaSetDevice(device);
   if (e == cudaSuccess) e = cudaFree(nullptr);
   if (e != cudaSuccess) return cuda_rt_error("initialising the CUDA context", e);
@@ -124,21 +127,6 @@ Result<uint64_t> map_handle(const DriverCalls& d, CUmemGenericAllocationHandle h
     return cu_error(d, fmt::format("cuMemSetAccess for device(s) {}", fmt::join(devices, ", ")), r);
   }
   return static_cast<uint64_t>(ptr);
-}
-
-// One stream per copying thread and device.
-Result<cudaStream_t> thread_stream(int device) {
-  thread_local int stream_device = -1;
-  thread_local cudaStream_t stream = nullptr;
-  if (stream != nullptr && stream_device == device) return stream;
-  cudaError_t e = cudaSetDevice(device);
-  if (e != cudaSuccess) return cuda_rt_error("cudaSetDevice", e);
-  cudaStream_t s = nullptr;
-  e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  if (e != cudaSuccess) return cuda_rt_error("cudaStreamCreate", e);
-  stream = s;
-  stream_device = device;
-  return stream;
 }
 
 }  // namespace
@@ -192,20 +180,6 @@ void cuda_release(CudaImport& import) {
   d.cuMemAddressFree(import.address, import.size);
   d.cuMemRelease(import.handle);
   import = CudaImport{};
-}
-
-Ok cuda_copy(const std::vector<CopyPiece>& pieces, int device) {
-  SIESTA_ASSIGN_OR_RETURN(cudaStream_t stream, thread_stream(device));
-  for (const CopyPiece& p : pieces) {
-    cudaError_t e = cudaMemcpyAsync(p.dst, p.src, p.bytes, cudaMemcpyDefault, stream);
-    if (e != cudaSuccess) {
-      cudaStreamSynchronize(stream);
-      return cuda_rt_error("cudaMemcpyAsync", e);
-    }
-  }
-  cudaError_t e = cudaStreamSynchronize(stream);
-  if (e != cudaSuccess) return cuda_rt_error("waiting for the copy stream", e);
-  return {};
 }
 
 Result<CudaExportable> cuda_alloc_exportable(size_t bytes, int device) {
@@ -267,7 +241,6 @@ Status no_cuda() {
 bool cuda_compiled() { return false; }
 Result<CudaImport> cuda_import(int, size_t, int) { return no_cuda(); }
 void cuda_release(CudaImport&) {}
-Ok cuda_copy(const std::vector<CopyPiece>&, int) { return no_cuda(); }
 Result<CudaExportable> cuda_alloc_exportable(size_t, int) { return no_cuda(); }
 void cuda_free_exportable(CudaExportable&) {}
 

@@ -1,8 +1,8 @@
 // CUDA pieces of the ipc backend: mapping a peer's cuMem allocation (exported
-// as a POSIX file descriptor) into this process, and copying with
-// cudaMemcpyAsync. Compiled when the build has CUDA (SIESTA_HAVE_CUDA); without
-// it every call fails with a message that says so. Host-memory transfers
-// never call into this file.
+// as a POSIX file descriptor) into this process, and exportable allocations
+// for benchmarks and tests; piece_copy.h copies. Compiled when the build has
+// CUDA (SIESTA_HAVE_CUDA); without it every call fails with a message that
+// says so. Host-memory transfers never call into this file.
 //
 // The driver API is reached through the CUDA runtime's entry-point lookup
 // (cudaGetDriverEntryPointByVersion), never linked: a binary linked against
@@ -11,7 +11,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 #include "common/status.h"
 
@@ -37,16 +36,6 @@ bool cuda_compiled();
 Result<CudaImport> cuda_import(int fd, size_t bytes, int device);
 // Unmaps and releases; safe on an empty import.
 void cuda_release(CudaImport& import);
-
-struct CopyPiece {
-  void* dst = nullptr;
-  const void* src = nullptr;
-  size_t bytes = 0;
-};
-
-// Copies every piece (host, device or imported memory on either side) with
-// cudaMemcpyAsync on a stream of `device`, then waits for the stream.
-Ok cuda_copy(const std::vector<CopyPiece>& pieces, int device);
 
 // Device memory exportable as a POSIX FD (cuMemCreate with that handle type,
 // mapped here). For benchmarks and tests: engines take their memory from the

@@ -8,12 +8,15 @@
 // stays open: when we exit, it sees the socket close.
 //
 // Importer side: connect() builds an IpcPeer (ipc_peer.h) that maps what it
-// received; transfers are memcpy / cudaMemcpyAsync on one copy thread.
+// received; transfers are memcpy, or for CUDA memory the gather kernel and
+// cudaMemcpyAsync as TransferConfig::ipc_copy says (piece_copy.h), on one
+// copy thread.
 //
 // supports_sleep(): yes. Deregistering closes our dup; after peers released
 // their mappings (INVALIDATE → release → ACK) nothing holds the memory.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -23,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "transfer/ipc/piece_copy.h"
 #include "transfer/process_identity.h"
 #include "transfer/transfer_backend.h"
 
@@ -51,6 +55,16 @@ class IpcBackend final : public TransferBackend {
   // thread hand-offs cost more than copying a few pages.
   void enqueue_copy(std::function<void(bool stopping)> copy, bool small);
 
+  // How CUDA pieces are copied (TransferConfig::ipc_copy) by the copying
+  // device (TransferConfig::cuda_device).
+  CudaCopyPath cuda_copy_path() const { return cuda_copy_path_; }
+  // The CUDA device of a region registered here; -1 for host memory or a
+  // region that is no longer registered.
+  int local_cuda_device(RegionId id);
+  // Logs, the first time only, how CUDA pieces are copied and how the first
+  // transfer's pieces were split. Any thread.
+  void log_cuda_copy_once(size_t by_kernel, size_t by_copy_engine);
+
  private:
   struct Export {
     LocalRegion region;
@@ -68,6 +82,8 @@ class IpcBackend final : public TransferBackend {
   std::string socket_name_;
   ProcessIdentity identity_;
   int cuda_device_ = 0;
+  CudaCopyPath cuda_copy_path_ = CudaCopyPath::kAuto;
+  std::atomic<bool> cuda_copy_logged_{false};
   int listen_fd_ = -1;
   int stop_fd_ = -1;  // eventfd that wakes serve() for shutdown
 

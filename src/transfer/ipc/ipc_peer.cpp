@@ -4,7 +4,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "transfer/ipc/ipc_backend.h"
 #include "transfer/ipc/unix_socket.h"
@@ -102,6 +104,15 @@ Ok IpcPeer::check_peer(const XferPlan& plan) const {
   return {};
 }
 
+PieceEnds IpcPeer::piece_ends(int local_device, const ImportedRegion& remote) const {
+  // Our side: memory of the copying device, or memory it may not address
+  // (host memory, another GPU: we do not know that it is mapped for this one).
+  if (local_device != cuda_device_ || remote.kind != MemoryKind::kCuda) return PieceEnds::kElsewhere;
+  if (remote.cuda.owner_device == cuda_device_) return PieceEnds::kThisDevice;
+  // The peer's memory on another GPU, mapped for this device too (peer access).
+  return remote.cuda.direct ? PieceEnds::kPeerDevice : PieceEnds::kElsewhere;
+}
+
 Ok IpcPeer::execute(const XferPlan& plan) {
   if (expired(plan.deadline)) return timeout("the deadline passed before the copy started");
   {
@@ -112,18 +123,34 @@ Ok IpcPeer::execute(const XferPlan& plan) {
   Ok before = check_peer(plan);
   if (!before) return before.error().with_context("nothing was copied");
 
-  std::vector<CopyPiece> cuda_pieces;
+  std::vector<CopyPiece> by_kernel, by_copy_engine;
+  std::vector<std::pair<RegionId, int>> local_devices;  // looked up once per region
   for (const XferSegment& s : plan.segments) {
     const ImportedRegion& r = regions_[s.remote_index];
     char* remote = r.data + s.remote_offset;
     CopyPiece piece = plan.op == XferOp::kWrite ? CopyPiece{remote, s.local, s.bytes} : CopyPiece{s.local, remote, s.bytes};
-    if (r.kind == MemoryKind::kCuda || s.local_kind == MemoryKind::kCuda) {
-      cuda_pieces.push_back(piece);
-    } else {
+    if (r.kind != MemoryKind::kCuda && s.local_kind != MemoryKind::kCuda) {
       std::memcpy(piece.dst, piece.src, piece.bytes);
+      continue;
     }
+    int local_device = -1;
+    if (s.local_kind == MemoryKind::kCuda) {
+      auto it = std::find_if(local_devices.begin(), local_devices.end(),
+                             [&](const auto& d) { return d.first == s.local_region; });
+      if (it != local_devices.end()) {
+        local_device = it->second;
+      } else {
+        local_device = backend_.local_cuda_device(s.local_region);
+        local_devices.emplace_back(s.local_region, local_device);
+      }
+    }
+    bool kernel = copies_with_kernel(backend_.cuda_copy_path(), piece_ends(local_device, r));
+    (kernel ? by_kernel : by_copy_engine).push_back(piece);
   }
-  if (!cuda_pieces.empty()) SIESTA_TRY(cuda_copy(cuda_pieces, cuda_device_));
+  if (!by_kernel.empty() || !by_copy_engine.empty()) {
+    backend_.log_cuda_copy_once(by_kernel.size(), by_copy_engine.size());
+    SIESTA_TRY(cuda_copy_pieces(by_kernel, by_copy_engine, cuda_device_));
+  }
 
   Ok after = check_peer(plan);
   if (!after)

@@ -6,8 +6,10 @@
 // post() queues a copy on the backend's copy thread (host copies up to 256 KiB
 // and CUDA copies up to 64 MiB run on the caller's thread when the copy thread
 // is idle, which saves two thread hand-offs): check the peer is alive
-// and every remote region is live at our descriptor's epoch, copy (memcpy,
-// or cudaMemcpyAsync when either side is CUDA memory), check again.
+// and every remote region is live at our descriptor's epoch, copy, check
+// again. Pieces between host memory are memcpy'd; pieces that touch CUDA
+// memory go to the gather kernel or to cudaMemcpyAsync as the backend's
+// ipc_copy says for where their two ends are (piece_copy.h), all in one call.
 // release() waits for queued copies, then unmaps and closes everything.
 #pragma once
 
@@ -18,6 +20,7 @@
 
 #include "transfer/engine_meta.h"
 #include "transfer/ipc/cuda_import.h"
+#include "transfer/ipc/piece_copy.h"
 #include "transfer/transfer_backend.h"
 
 namespace siesta::transfer::ipc {
@@ -45,6 +48,8 @@ class IpcPeer final : public BackendPeer, public std::enable_shared_from_this<Ip
 
  private:
   Ok execute(const XferPlan& plan);
+  // Where a piece between our memory (on `local_device`, -1: host) and `remote` is.
+  PieceEnds piece_ends(int local_device, const ImportedRegion& remote) const;
   Ok check_peer(const XferPlan& plan) const;
   void unmap_locked();
 

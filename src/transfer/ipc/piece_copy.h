@@ -1,0 +1,70 @@
+// How the ipc backend copies the pieces of a transfer that touch CUDA memory:
+// with one launch of the SM gather kernel (gather_copy.h) for the pieces whose
+// both ends the copying device can address, and one cudaMemcpyAsync per piece
+// (the copy engines) for the rest. Which pieces take the kernel is the
+// backend's `ipc_copy` setting (TransferConfig::ipc_copy), decided per piece
+// by copies_with_kernel().
+//
+// Copies run on a stream of the calling thread for the copying device and
+// return when every byte landed; the thread's current device is left as it
+// was. Compiled with CUDA (SIESTA_HAVE_CUDA); without it every copy fails
+// with a message that says so. The driver is never linked (cuda_import.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace siesta::transfer::ipc {
+
+struct CopyPiece {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t bytes = 0;
+};
+
+// TransferConfig::ipc_copy.
+enum class CudaCopyPath : uint8_t {
+  kAuto,        // the kernel where both ends are on the copying device, copy engines elsewhere
+  kKernel,      // the kernel wherever the copying device addresses both ends (peer GPUs too)
+  kCopyEngine,  // cudaMemcpyAsync per piece, always
+};
+
+// "auto" | "kernel" | "copy_engine"; anything else is kInvalidArgument.
+Result<CudaCopyPath> parse_cuda_copy_path(std::string_view text);
+const char* cuda_copy_path_name(CudaCopyPath path);
+// One line for the log: what `path` does with which pieces.
+const char* cuda_copy_path_rule(CudaCopyPath path);
+
+// Where a piece's two ends are, as the copying device sees them.
+enum class PieceEnds : uint8_t {
+  kThisDevice,  // both in memory of the copying device
+  kPeerDevice,  // both addressable by it, at least one on another GPU mapped for it (peer access)
+  kElsewhere,   // host memory, or memory it cannot address
+};
+
+// Whether `path` copies a piece whose ends are `ends` with the kernel. Across
+// GPUs (kPeerDevice) only when asked for (kKernel): the kernel has not been
+// measured against the copy engines there yet (`scripts/device-check
+// --two-gpus` compares them), and over PCIe, SM loads from a peer are known to
+// trail the copy engines.
+bool copies_with_kernel(CudaCopyPath path, PieceEnds ends);
+
+// Copies `by_kernel` with one gather-kernel launch on `device` (after its piece
+// table is uploaded), then `by_copy_engine` with cudaMemcpyAsync, on one
+// stream, and waits for both. Pieces of `by_kernel` must have both ends
+// addressable by `device`; `by_copy_engine` may name host memory. Zero-byte
+// pieces are skipped. Where the kernel has no code for the GPU (a build for
+// another architecture), its pieces go to the copy engines, with a warning
+// logged once.
+Ok cuda_copy_pieces(std::span<const CopyPiece> by_kernel, std::span<const CopyPiece> by_copy_engine, int device);
+
+// Every piece with cudaMemcpyAsync (host, device or imported memory on either
+// side), on a stream of `device`; waits for it.
+Ok cuda_copy(const std::vector<CopyPiece>& pieces, int device);
+
+}  // namespace siesta::transfer::ipc
