@@ -68,6 +68,7 @@ class EngineInbox final : public StreamAborter {
   std::deque<Command> commands;
   std::unordered_set<RequestId> live_ids;
   bool stopping = false;
+  bool connector_progress = false;  // the connector has news for poll() (a load ended)
 };
 
 Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options, std::unique_ptr<KvConnector> connector) {
@@ -147,6 +148,16 @@ Engine::Engine(EngineOptions options, EngineLimits limits, Tokenizer tokenizer, 
       inbox_(std::make_shared<EngineInbox>()),
       weights_dir_(options_.model_dir) {
   publish_metrics();
+  if (connector_)
+    connector_->set_progress_callback([inbox = std::weak_ptr<EngineInbox>(inbox_)] {
+      auto in = inbox.lock();
+      if (!in) return;
+      {
+        std::lock_guard<std::mutex> lock(in->mu);
+        in->connector_progress = true;
+      }
+      in->cv.notify_all();
+    });
   loop_ = std::thread([this] { run_loop(); });
 }
 
@@ -662,7 +673,7 @@ void Engine::run_loop() {
       const bool admitting = engine_admits(state_.load());
       auto has_input = [&] {
         return inbox_->stopping || !inbox_->aborts.empty() || !inbox_->commands.empty() ||
-               (admitting && !inbox_->submissions.empty());
+               inbox_->connector_progress || (admitting && !inbox_->submissions.empty());
       };
       const bool busy = scheduler_->has_unfinished() && engine_schedules(state_.load());
       if (!busy)
@@ -670,6 +681,7 @@ void Engine::run_loop() {
       else if (idle_step)
         inbox_->cv.wait_until(lock, Clock::now() + kNothingScheduledWait, has_input);
       if (inbox_->stopping) break;
+      inbox_->connector_progress = false;
       aborts.swap(inbox_->aborts);
       commands.swap(inbox_->commands);
       if (admitting) submissions.swap(inbox_->submissions);

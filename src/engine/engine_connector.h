@@ -40,6 +40,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,10 @@ class KvConnector {
   virtual void on_request_aborted(const RequestId& id) = 0;
   virtual void on_request_dropped(const EngineRequest& /*request*/) {}
   virtual Result<void> release_transfer_kv(Deadline deadline) = 0;
+  // The engine gives, before its loop starts, what the connector calls (from
+  // any thread, without holding its own locks) when poll() has news: a load
+  // ended. The engine loop then wakes at once instead of at its next tick.
+  virtual void set_progress_callback(std::function<void()> /*progress*/) {}
   // Thread-safe: the HTTP thread renders them.
   virtual KvTransferMetrics metrics() const { return KvTransferMetrics(); }
 };

@@ -88,6 +88,7 @@ void Consumer::transition(Load& l, LoadEvent event, const std::string& detail) {
   SIESTA_LOG_DEBUG("pd: load {} {} -> {} ({}){}{}", l.id, load_state_name(l.state), load_state_name(*next),
                    load_event_name(event), detail.empty() ? "" : ": ", detail);
   l.state = *next;
+  if (load_ended(l.state)) ctx_.progress();
 }
 
 void Consumer::fail(Load& l, const std::string& why) {
@@ -493,7 +494,7 @@ void Consumer::post_release(const RequestId& id, const Source& source, bool cons
 
 // ---- ticker and sleep -------------------------------------------------------------------
 
-bool Consumer::tick(Clock::time_point now) {
+bool Consumer::tick(Clock::time_point now, std::optional<transfer::XferId>* wait_on) {
   bool busy = false;
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [id, l] : loads_) {
@@ -501,10 +502,11 @@ bool Consumer::tick(Clock::time_point now) {
       transfer::XferStatus st = ctx_.transfers.poll(*l.read);
       if (st.pending()) {
         busy = true;
+        if (wait_on && !*wait_on) *wait_on = *l.read;
       } else {
         l.read_final = true;
         if (st.done()) {
-          ctx_.metrics.transfer_done(l.bytes, seconds_since(l.read_started));
+          ctx_.metrics.transfer_done(l.bytes, std::chrono::duration<double>(st.finished_at - l.read_started).count());
           if (l.state == LoadState::kReading) {
             transition(l, LoadEvent::kReadDone);
             const RequestId rid = id;

@@ -59,7 +59,9 @@ class Consumer {
   void on_written(const Written& w, const std::string& from_engine);
 
   // Returns whether something is in flight (poll again soon).
-  bool tick(Clock::time_point now);
+  // wait_on: set to a transfer still in flight, if any (the ticker waits
+  // for it to end rather than sleeping).
+  bool tick(Clock::time_point now, std::optional<transfer::XferId>* wait_on = nullptr);
   Result<void> end_all(Deadline deadline);
   void peers_invalidated();
 

@@ -65,6 +65,9 @@ struct PdContext {
   PdMetrics& metrics;
   // Wakes the connector's ticker (a transfer to poll, a deadline to watch).
   std::function<void()> kick;
+  // Tells the engine that poll() has news (a load ended); may be called with
+  // the producer's or consumer's lock held (it takes only the engine's inbox lock).
+  std::function<void()> progress;
 
   Deadline message_deadline(Deadline limit) const {
     return transfer::earlier(limit, Clock::now() + config.message_timeout);

@@ -13,8 +13,6 @@ namespace {
 
 constexpr size_t kMaxParked = 4096;
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
 bool flag(const nlohmann::json& params, const char* key) {
   if (!params.is_object()) return false;
   auto it = params.find(key);
@@ -415,7 +413,7 @@ void Producer::post_load_failed(const Target& target, const std::string& why) {
 
 // ---- ticker and sleep -------------------------------------------------------------------
 
-bool Producer::tick(Clock::time_point now) {
+bool Producer::tick(Clock::time_point now, std::optional<transfer::XferId>* wait_on) {
   bool busy = false;
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = parked_.begin(); it != parked_.end();) {
@@ -429,11 +427,12 @@ bool Producer::tick(Clock::time_point now) {
       transfer::XferStatus st = ctx_.transfers.poll(*s.write);
       if (st.pending()) {
         busy = true;
+        if (wait_on && !*wait_on) *wait_on = *s.write;
         continue;
       }
       s.write_final = true;
       if (st.done()) {
-        ctx_.metrics.transfer_done(s.write_bytes, seconds_since(s.write_started));
+        ctx_.metrics.transfer_done(s.write_bytes, std::chrono::duration<double>(st.finished_at - s.write_started).count());
         transition(s, SendEvent::kSent, "written to " + s.target->request.consumer_engine);
       } else {
         ctx_.metrics.transfer_failed();

@@ -59,7 +59,9 @@ class Producer {
   std::string on_read_done(const ReadDone& m);
 
   // Returns whether a write is in flight (poll again soon).
-  bool tick(Clock::time_point now);
+  // wait_on: set to a transfer still in flight, if any (the ticker waits
+  // for it to end rather than sleeping).
+  bool tick(Clock::time_point now, std::optional<transfer::XferId>* wait_on = nullptr);
   Result<void> end_all(Deadline deadline);
 
   size_t num_sends() const;

@@ -46,7 +46,8 @@ Result<std::unique_ptr<SiestaConnector>> SiestaConnector::create(const PdConfig&
 SiestaConnector::SiestaConnector(PdConfig config, std::unique_ptr<transfer::TransferEngine> transfers)
     : config_(std::move(config)), transfers_(std::move(transfers)) {
   tasks_ = std::make_unique<TaskQueue>(config_.worker_threads, "pd tasks");
-  ctx_ = std::unique_ptr<PdContext>(new PdContext{config_, *transfers_, kv_, *tasks_, metrics_, [this] { kick(); }});
+  ctx_ = std::unique_ptr<PdContext>(new PdContext{config_, *transfers_, kv_, *tasks_, metrics_, [this] { kick(); },
+                                                  [this] { report_progress(); }});
   producer_ = std::make_unique<Producer>(*ctx_);
   consumer_ = std::make_unique<Consumer>(*ctx_);
   transfers_->set_message_handler([this](const transfer::PeerMessage& m) { return on_message(m); });
@@ -78,6 +79,20 @@ nlohmann::json SiestaConnector::info() const {
                         {"mode", transfer_mode_name(config_.mode)}};
 }
 
+void SiestaConnector::set_progress_callback(std::function<void()> progress) {
+  std::lock_guard<std::mutex> lock(progress_mu_);
+  progress_ = std::move(progress);
+}
+
+void SiestaConnector::report_progress() {
+  std::function<void()> progress;
+  {
+    std::lock_guard<std::mutex> lock(progress_mu_);
+    progress = progress_;
+  }
+  if (progress) progress();
+}
+
 void SiestaConnector::kick() {
   {
     std::lock_guard<std::mutex> lock(tick_mu_);
@@ -89,8 +104,15 @@ void SiestaConnector::kick() {
 void SiestaConnector::run_ticker() {
   while (!stopping_.load()) {
     const auto now = Clock::now();
-    bool busy = producer_->tick(now);
-    busy = consumer_->tick(now) || busy;
+    std::optional<transfer::XferId> in_flight;
+    bool busy = producer_->tick(now, &in_flight);
+    busy = consumer_->tick(now, &in_flight) || busy;
+    // A transfer in flight: wake the moment it ends (its end is on a
+    // request's path to its first token), or after a busy tick for the rest.
+    if (in_flight) {
+      transfers_->wait_final(*in_flight, now + kBusyTick);
+      continue;
+    }
     std::unique_lock<std::mutex> lock(tick_mu_);
     tick_cv_.wait_for(lock, busy ? kBusyTick : kIdleTick, [&] { return kicked_ || stopping_.load(); });
     kicked_ = false;

@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -64,6 +65,7 @@ class SiestaConnector final : public KvConnector {
   void on_request_dropped(const EngineRequest& request) override;
   Result<void> release_transfer_kv(Deadline deadline) override;
   KvTransferMetrics metrics() const override { return metrics_.snapshot(); }
+  void set_progress_callback(std::function<void()> progress) override;
 
  private:
   SiestaConnector(PdConfig config, std::unique_ptr<transfer::TransferEngine> transfers);
@@ -72,6 +74,7 @@ class SiestaConnector final : public KvConnector {
   void run_ticker();
   void run_notifications();
   void kick();
+  void report_progress();
 
   PdConfig config_;
   std::unique_ptr<transfer::TransferEngine> transfers_;
@@ -88,6 +91,8 @@ class SiestaConnector final : public KvConnector {
   bool kicked_ = false;
   std::thread ticker_;
   std::thread notifications_;
+  std::mutex progress_mu_;
+  std::function<void()> progress_;  // the engine's (set_progress_callback)
 };
 
 }  // namespace siesta::pd

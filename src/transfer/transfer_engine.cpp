@@ -451,6 +451,7 @@ void TransferEngine::Impl::finish(XferId id, Ok result) {
       if (pit != peers.end() && pit->second.generation == rec.peer_generation)
         transition_locked(pit->second, PeerEvent::kTransferFailed, &result.error());
     }
+    rec.status.finished_at = Clock::now();
   }
   if (rec.reported) {
     xfers.erase(it);
@@ -462,6 +463,7 @@ bool TransferEngine::Impl::settle_locked(XferRecord& rec) {
   if (rec.status.pending() && expired(rec.deadline)) {
     Status why = timeout(fmt::format("transfer with peer {} did not finish before its deadline", rec.peer));
     rec.status = XferStatus::make_failed(why);
+    rec.status.finished_at = Clock::now();
     auto pit = peers.find(rec.peer);
     if (pit != peers.end() && pit->second.generation == rec.peer_generation)
       transition_locked(pit->second, PeerEvent::kTransferFailed, &why);
@@ -497,6 +499,17 @@ XferStatus TransferEngine::wait(XferId id, Deadline deadline) {
                                                            id.value)));
     if (impl_->settle_locked(it->second)) return impl_->consume_locked(it);
     if (expired(deadline)) return XferStatus::make_pending();
+    impl_->xfer_cv.wait_until(lock, earlier(deadline, it->second.deadline));
+  }
+}
+
+bool TransferEngine::wait_final(XferId id, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  for (;;) {
+    auto it = impl_->xfers.find(id);
+    if (it == impl_->xfers.end() || it->second.reported) return true;
+    if (impl_->settle_locked(it->second)) return true;
+    if (expired(deadline)) return false;
     impl_->xfer_cv.wait_until(lock, earlier(deadline, it->second.deadline));
   }
 }

@@ -106,6 +106,10 @@ class TransferEngine {
   XferStatus poll(XferId id);
   // poll() until final or `deadline` (then kPending is returned and the id kept).
   XferStatus wait(XferId id, Deadline deadline);
+  // Blocks until transfer `id` is final (true; the next poll() reports it)
+  // or `deadline` (false). For a thread that polls several transfers and
+  // wants to wake as soon as one of them ends. true for unknown ids.
+  bool wait_final(XferId id, Deadline deadline);
   // Whether the backend may still be moving bytes of transfer `id`: true
   // while it is pending, and after poll() reported it failed at its deadline
   // until its copy or put really ends. Memory a transfer touches may be

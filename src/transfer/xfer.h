@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "transfer/deadline.h"
 #include "transfer/region.h"
 
 namespace siesta::transfer {
@@ -38,6 +39,9 @@ enum class XferState { kPending, kDone, kFailed };
 struct XferStatus {
   XferState state = XferState::kPending;
   Status why;  // set when kFailed
+  // When the status became final (done: the data in place and the
+  // notification, if any, acknowledged), however late poll() looked.
+  Clock::time_point finished_at{};
 
   bool pending() const { return state == XferState::kPending; }
   bool done() const { return state == XferState::kDone; }
