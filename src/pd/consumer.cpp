@@ -137,6 +137,10 @@ ConnectorPlan Consumer::on_added(const EngineRequest& r) {
   l.source = std::move(*source);
   l.prompt = PromptCheck{static_cast<int32_t>(r.prompt_tokens.size()), prompt_hash(r.prompt_tokens), kv.layout,
                          kv.block_bytes};
+  // A greedy first token without log-probabilities or banned stop tokens is
+  // the best entry of the producer's logits; anything else needs the row.
+  const SamplingParams& p = r.params;
+  if (p.greedy() && !p.logprobs && p.min_tokens <= 0) l.logits_top = 1;
   std::lock_guard<std::mutex> lock(mu_);
   loads_[l.id] = std::move(l);
   return ConnectorPlan{.hold_blocks_for_remote_reader = false, .load_remote_kv = true};
@@ -318,6 +322,7 @@ void Consumer::run_write_start(const RequestId& id) {
     m.blocks.assign(l.blocks.begin() + l.first_block, l.blocks.end());
     m.prompt = l.prompt;
     m.deadline_unix_ms = unix_ms_after(l.deadline);
+    m.logits_top = l.logits_top;
     // From here the producer may write into these blocks until it says otherwise.
     l.producer_may_write = true;
     l.quiet_at = l.deadline + ctx_.config.write_grace;
@@ -416,16 +421,18 @@ void Consumer::run_read_start(const RequestId& id) {
 void Consumer::run_read_confirm(const RequestId& id) {
   Source source;
   Deadline deadline;
+  int32_t logits_top = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = loads_.find(id);
     if (it == loads_.end() || it->second.state != LoadState::kConfirming) return;
     source = it->second.source;
     deadline = it->second.deadline;
+    logits_top = it->second.logits_top;
     it->second.producer_told = true;  // read_done frees the producer's blocks
   }
-  auto reply = send_pd_message(ctx_.transfers, source.producer_address, encode(ReadDone{source.producer_request}),
-                               ctx_.message_deadline(deadline));
+  auto reply = send_pd_message(ctx_.transfers, source.producer_address,
+                               encode(ReadDone{source.producer_request, logits_top}), ctx_.message_deadline(deadline));
   std::lock_guard<std::mutex> lock(mu_);
   auto it = loads_.find(id);
   if (it == loads_.end() || it->second.state != LoadState::kConfirming) return;

@@ -102,6 +102,7 @@ class Consumer {
     Clock::time_point read_started;
     uint64_t bytes = 0;
     LogitsRow logits;                // the producer's, of the prompt's last position
+    int32_t logits_top = 0;          // how many of their best entries decide the first token (0: all)
     bool aborted = false;            // the request ended while its blocks were held for the load
     bool reported = false;           // the engine has its FinishedLoad
     bool hold_pending = false;       // a load hold the scheduler made, not yet given back

@@ -1,6 +1,8 @@
 #include "pd/pd_messages.h"
 
+#include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -80,6 +82,13 @@ Result<PromptCheck> prompt_from(const json& j, const std::string& op) {
   return p;
 }
 
+// A request's logits_top: absent is 0 (the whole row).
+Result<int32_t> logits_top_of(const json& j, const std::string& op) {
+  if (!j.contains("logits_top")) return 0;
+  SIESTA_ASSIGN_OR_RETURN(int64_t n, get_int(j, op, "logits_top", 0, kMaxLogitsTop));
+  return static_cast<int32_t>(n);
+}
+
 Result<std::vector<int32_t>> blocks_from(const json& j, const std::string& op) {
   auto blocks = j.find("blocks");
   if (blocks == j.end() || !blocks->is_array()) return bad(op, "field 'blocks' must be an array");
@@ -115,6 +124,7 @@ Result<PdMessage> decode_object(const json& j) {
     SIESTA_ASSIGN_OR_RETURN(m.blocks, blocks_from(j, op));
     SIESTA_ASSIGN_OR_RETURN(m.prompt, prompt_from(j, op));
     SIESTA_ASSIGN_OR_RETURN(m.deadline_unix_ms, get_int(j, op, "deadline_unix_ms", 0, INT64_MAX));
+    SIESTA_ASSIGN_OR_RETURN(m.logits_top, logits_top_of(j, op));
     return PdMessage{std::move(m)};
   }
   if (op == "cancel") {
@@ -139,6 +149,7 @@ Result<PdMessage> decode_object(const json& j) {
   if (op == "read_done") {
     ReadDone m;
     SIESTA_ASSIGN_OR_RETURN(m.producer_request, get_string(j, op, "producer_request"));
+    SIESTA_ASSIGN_OR_RETURN(m.logits_top, logits_top_of(j, op));
     return PdMessage{std::move(m)};
   }
   if (op == "load_failed") {
@@ -161,15 +172,60 @@ static_assert(std::endian::native == std::endian::little, "logits attachments ar
 // More than any vocabulary; bounds what a peer can make us allocate.
 constexpr int64_t kMaxLogits = int64_t{1} << 24;
 
-// `text` with `logits` attached (see pd_messages.h); `j` gets "logits": n.
-std::string attach(json& j, const LogitsRow& logits) {
+// The engine sampler's view of a logit: NaN is -inf, +inf the largest float.
+float sampler_value(float v) {
+  if (std::isnan(v)) return -std::numeric_limits<float>::infinity();
+  if (v == std::numeric_limits<float>::infinity()) return std::numeric_limits<float>::max();
+  return v;
+}
+
+struct TopEntry {
+  int32_t id;
+  float value;
+};
+
+// The n best entries by (value descending, id ascending); empty when one of
+// them is -inf (the row is degenerate: send it whole).
+std::vector<TopEntry> best_entries(const std::vector<float>& row, size_t n) {
+  std::vector<TopEntry> top;
+  top.reserve(n + 1);
+  auto better = [](const TopEntry& a, const TopEntry& b) { return a.value > b.value || (a.value == b.value && a.id < b.id); };
+  for (size_t i = 0; i < row.size(); ++i) {
+    const TopEntry e{static_cast<int32_t>(i), sampler_value(row[i])};
+    if (top.size() == n && !better(e, top.back())) continue;
+    top.insert(std::upper_bound(top.begin(), top.end(), e, better), e);
+    if (top.size() > n) top.pop_back();
+  }
+  for (const TopEntry& e : top)
+    if (e.value == -std::numeric_limits<float>::infinity()) return {};
+  return top;
+}
+
+// `j` as text with `logits` attached (see pd_messages.h): the whole row, or
+// its `top` best entries.
+std::string attach(json& j, const LogitsRow& logits, int32_t top = 0) {
   if (!logits) return j.dump();
-  j["logits"] = logits->size();
+  std::vector<TopEntry> best;
+  if (top > 0 && static_cast<size_t>(top) < logits->size()) best = best_entries(*logits, static_cast<size_t>(top));
+  if (best.empty()) {
+    j["logits"] = logits->size();
+  } else {
+    j["logits_top"] = best.size();
+    j["vocab"] = logits->size();
+  }
   std::string out = j.dump();
   out.push_back('\0');
   const size_t at = out.size();
-  out.resize(at + logits->size() * sizeof(float));
-  std::memcpy(out.data() + at, logits->data(), logits->size() * sizeof(float));
+  if (best.empty()) {
+    out.resize(at + logits->size() * sizeof(float));
+    std::memcpy(out.data() + at, logits->data(), logits->size() * sizeof(float));
+  } else {
+    out.resize(at + best.size() * 8);
+    for (size_t i = 0; i < best.size(); ++i) {
+      std::memcpy(out.data() + at + i * 8, &best[i].id, 4);
+      std::memcpy(out.data() + at + i * 8 + 4, &best[i].value, 4);
+    }
+  }
   return out;
 }
 
@@ -182,6 +238,24 @@ std::pair<std::string_view, std::string_view> split(std::string_view payload) {
 
 // The logits `j` announces, read from `attachment`; null when it announces none.
 Result<LogitsRow> logits_of(const json& j, std::string_view attachment, const std::string& op) {
+  if (j.contains("logits_top")) {
+    SIESTA_ASSIGN_OR_RETURN(int64_t n, get_int(j, op, "logits_top", 1, kMaxLogitsTop));
+    SIESTA_ASSIGN_OR_RETURN(int64_t vocab, get_int(j, op, "vocab", n, kMaxLogits));
+    if (attachment.size() != static_cast<size_t>(n) * 8)
+      return bad(op, "'logits_top' announces " + std::to_string(n) + " entries and the attachment holds " +
+                         std::to_string(attachment.size()) + " bytes");
+    auto values =
+        std::make_shared<std::vector<float>>(static_cast<size_t>(vocab), -std::numeric_limits<float>::infinity());
+    for (int64_t i = 0; i < n; ++i) {
+      int32_t id = 0;
+      float value = 0.0f;
+      std::memcpy(&id, attachment.data() + i * 8, 4);
+      std::memcpy(&value, attachment.data() + i * 8 + 4, 4);
+      if (id < 0 || id >= vocab) return bad(op, "a logits entry names id " + std::to_string(id) + ", outside the vocabulary");
+      (*values)[static_cast<size_t>(id)] = value;
+    }
+    return LogitsRow(std::move(values));
+  }
   if (!j.contains("logits")) {
     if (!attachment.empty()) return bad(op, "an attachment without a 'logits' field");
     return LogitsRow();
@@ -222,6 +296,7 @@ std::string encode(const WriteRequest& m) {
   j["blocks"] = m.blocks;
   j["prompt"] = prompt_json(m.prompt);
   j["deadline_unix_ms"] = m.deadline_unix_ms;
+  if (m.logits_top > 0) j["logits_top"] = m.logits_top;
   return j.dump();
 }
 
@@ -245,6 +320,7 @@ std::string encode(const ReadStart& m) {
 std::string encode(const ReadDone& m) {
   json j = envelope("read_done");
   j["producer_request"] = m.producer_request;
+  if (m.logits_top > 0) j["logits_top"] = m.logits_top;
   return j.dump();
 }
 
@@ -259,7 +335,7 @@ std::string encode(const Written& m) {
   json j = envelope("written");
   j["consumer_request"] = m.consumer_request;
   j["bytes"] = m.bytes;
-  return attach(j, m.logits);
+  return attach(j, m.logits, m.logits_top);
 }
 
 Result<PdMessage> decode_message(std::string_view payload) {
@@ -291,11 +367,11 @@ Result<Written> decode_written(std::string_view payload) {
   }
 }
 
-std::string encode_ok(json fields, const LogitsRow& logits) {
+std::string encode_ok(json fields, const LogitsRow& logits, int32_t logits_top) {
   json j = fields.is_object() ? std::move(fields) : json::object();
   j["v"] = kProtocolVersion;
   j["ok"] = true;
-  return attach(j, logits);
+  return attach(j, logits, logits_top);
 }
 
 std::string encode_refusal(const std::string& reason) {

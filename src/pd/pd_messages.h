@@ -22,10 +22,15 @@
 // read_done's {held: true} carries P's logits of the prompt's last position.
 //
 // Logits travel as a binary attachment after the JSON text: the text (which
-// never holds a NUL: JSON escapes it), one NUL byte, then "logits": n float32
-// values, little-endian. D samples the first token from them, as a colocated
-// engine samples it after its own prefill, so the prompt's last token is not
-// computed twice with different kernels.
+// never holds a NUL: JSON escapes it), one NUL byte, then either the whole row
+// ("logits": n, n float32 values) or its best entries ("logits_top": n,
+// "vocab": V, n pairs of int32 id and float32 value, by value descending then
+// id ascending; every other id counts as -inf), little-endian. D samples the
+// first token from them, as a colocated engine samples it after its own
+// prefill, so the prompt's last token is not computed twice with different
+// kernels. D asks for the best entries alone (`logits_top` in write /
+// read_done) when they decide its sample: a greedy request without
+// log-probabilities or min_tokens needs the best one only.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +47,8 @@
 namespace siesta::pd {
 
 inline constexpr int kProtocolVersion = 2;
+// The most entries a peer may ask for in logits_top.
+inline constexpr int32_t kMaxLogitsTop = 64;
 
 // What both sides must agree on before KV moves between them.
 struct PromptCheck {
@@ -67,6 +74,7 @@ struct WriteRequest {
   std::vector<int32_t> blocks;    // D's blocks for prompt blocks first_block, first_block + 1, ...
   PromptCheck prompt;
   int64_t deadline_unix_ms = 0;   // P starts no write after it (wall clock)
+  int32_t logits_top = 0;         // the best entries of P's logits D needs (0: the whole row)
 };
 
 struct CancelRequest {
@@ -84,6 +92,7 @@ struct ReadStart {
 
 struct ReadDone {
   std::string producer_request;
+  int32_t logits_top = 0;         // as WriteRequest::logits_top
 };
 
 struct LoadFailed {
@@ -95,6 +104,7 @@ struct Written {
   std::string consumer_request;
   uint64_t bytes = 0;
   LogitsRow logits;               // P's logits of the prompt's last position (null: none)
+  int32_t logits_top = 0;         // encode: send the best entries only (0: the whole row)
 };
 
 using PdMessage = std::variant<WriteRequest, CancelRequest, ReadStart, ReadDone, LoadFailed>;
@@ -116,7 +126,9 @@ struct Reply {
   nlohmann::json body;     // the whole reply object
   LogitsRow logits;        // the attachment, when the reply has one
 };
-std::string encode_ok(nlohmann::json fields = nlohmann::json::object(), const LogitsRow& logits = nullptr);
+// logits_top: attach only the best entries of `logits` (0: the whole row).
+std::string encode_ok(nlohmann::json fields = nlohmann::json::object(), const LogitsRow& logits = nullptr,
+                      int32_t logits_top = 0);
 std::string encode_refusal(const std::string& reason);
 Result<Reply> decode_reply(std::string_view payload);
 

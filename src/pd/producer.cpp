@@ -322,7 +322,7 @@ std::string Producer::on_read_done(const ReadDone& m) {
   }
   transition(s, SendEvent::kSent, "read by the consumer");
   ctx_.kick();
-  return encode_ok({{"held", true}}, s.logits);
+  return encode_ok({{"held", true}}, s.logits, m.logits_top);
 }
 
 // ---- writes (WRITE mode) --------------------------------------------------------------
@@ -370,7 +370,7 @@ void Producer::run_write(const RequestId& id) {
   const uint64_t bytes = static_cast<uint64_t>(m.blocks.size()) * kv.block_bytes;
   const Clock::time_point started = Clock::now();
   auto xfer = ctx_.transfers.submit(m.consumer_engine, transfer::XferOp::kWrite, *entries,
-                                    encode(Written{m.consumer_request, bytes, logits}), deadline);
+                                    encode(Written{m.consumer_request, bytes, logits, m.logits_top}), deadline);
   if (!xfer) return fail_write(id, xfer.error().message);
   {
     std::lock_guard<std::mutex> lock(mu_);

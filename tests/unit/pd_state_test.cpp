@@ -7,8 +7,10 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <random>
 #include <utility>
 
+#include "engine/sampler.h"
 #include "pd/kv_blocks.h"
 #include "pd/load_state.h"
 #include "pd/pd_messages.h"
@@ -156,6 +158,50 @@ TEST(PdMessages, LogitsTravelBitForBit) {
   auto plain = decode_reply(encode_ok({{"held", false}}));
   ASSERT_TRUE(plain);
   EXPECT_EQ(plain->logits, nullptr);
+}
+
+TEST(PdMessages, TheBestEntriesGiveTheSameGreedyTokenAsTheWholeRow) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    auto row = std::make_shared<std::vector<float>>(1000);
+    // Few distinct values, so ties between ids are common; then NaN and +inf.
+    for (float& v : *row) v = static_cast<float>(static_cast<int>(rng() % 7)) * 0.5f - 1.0f;
+    if (trial % 5 == 1) (*row)[rng() % 1000] = std::numeric_limits<float>::quiet_NaN();
+    if (trial % 7 == 2) (*row)[rng() % 1000] = inf;
+    const LogitsRow whole = row;
+    for (int32_t top : {1, 3}) {
+      auto w = decode_written(encode(Written{"r", 1, whole, top}));
+      ASSERT_TRUE(w) << w.error().message;
+      ASSERT_NE(w->logits, nullptr);
+      ASSERT_EQ(w->logits->size(), whole->size());
+      int finite = 0;
+      for (float v : *w->logits) finite += v != -inf;
+      EXPECT_EQ(finite, top);
+      // The greedy pick of the expanded row is the whole row's.
+      SamplingParams greedy;
+      greedy.temperature = 0.0;
+      RandomGenerator unseeded(1);
+      EXPECT_EQ(sample(*w->logits, greedy, 0, unseeded), sample(*whole, greedy, 0, unseeded)) << trial;
+    }
+  }
+  // A row whose best entries include -inf goes whole.
+  auto degenerate = std::make_shared<std::vector<float>>(16, -inf);
+  (*degenerate)[4] = 1.0f;
+  auto w = decode_written(encode(Written{"r", 1, degenerate, 3}));
+  ASSERT_TRUE(w);
+  EXPECT_EQ(*w->logits, *degenerate);
+  // Requests carry the wish; absent means the whole row.
+  auto m = decode_message(encode(ReadDone{"p-1", 1}));
+  ASSERT_TRUE(m);
+  EXPECT_EQ(std::get<ReadDone>(*m).logits_top, 1);
+  EXPECT_EQ(std::get<ReadDone>(*decode_message(encode(ReadDone{"p-1"}))).logits_top, 0);
+  for (const char* bad : {R"({"v": 2, "op": "read_done", "producer_request": "x", "logits_top": -1})",
+                          R"({"v": 2, "op": "read_done", "producer_request": "x", "logits_top": 100000})"})
+    EXPECT_FALSE(decode_message(bad)) << bad;
+  auto r = decode_reply(encode_ok({{"held", true}}, degenerate, 1));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->logits->size(), 16u);
 }
 
 TEST(PdMessages, BadMessagesAreRefusedWithoutThrowing) {
