@@ -38,6 +38,8 @@ CASES = {
                       "cudaMemcpy device-to-device in one process, same bytes"),
     "ucx_tcp_write": (["--backend", "ucx", "--op", "write", "--ucx-transports", "tcp", "--ucx-net-devices", "lo"],
                       "raw UCX put loop (ucp_put_nbx + flush), same transports, same bytes"),
+    "ucx_tcp_read": (["--backend", "ucx", "--op", "read", "--ucx-transports", "tcp", "--ucx-net-devices", "lo"],
+                     "raw UCX put loop (ucp_put_nbx + flush), same transports, same bytes"),
     "ucx_sm_write": (["--backend", "ucx", "--op", "write", "--ucx-transports", "sm,self", "--ucx-net-devices", "",
                       "--no-ucx-peer-errors"],
                      "raw UCX put loop (ucp_put_nbx + flush), same transports, same bytes"),

@@ -44,6 +44,13 @@ struct TransferConfig {
   // lack it: set false to use them (a peer on this host is then watched
   // through its pid; a hung peer fails at the transfer's deadline).
   bool ucx_peer_error_handling = true;
+  // ucx: where UCX serves puts and gets in software on the target anyway (no
+  // RMA lane to it: tcp and shared memory in UCX 1.13), transfers between host
+  // regions go as guarded active messages, which the target checks against
+  // its region table as it copies: one round trip, no window between check
+  // and copy. false: one-sided puts and gets between two region-table checks
+  // everywhere (the path of RDMA transports; how tests cover it without one).
+  bool ucx_guarded = true;
   // ucx: which regions move through pinned host staging. "auto": CUDA regions
   // when the installed UCX cannot register CUDA memory; "always": every region
   // (host memory too: how tests cover the path); "never": refuse such CUDA

@@ -178,6 +178,12 @@ void StagedTarget::initiator_failed(uint64_t key, ucs_status_t status) {
   it->second.failed = true;
 }
 
+ucp_ep_h StagedTarget::reply_endpoint(uint64_t key) const {
+  auto it = initiators_.find(key);
+  if (it == initiators_.end() || it->second.failed) return nullptr;
+  return it->second.ep;
+}
+
 // Closes the endpoints of initiators that failed (or, without UCX peer
 // error handling, whose process exited) and of those that left once their
 // requests are done. A failed initiator's requests that UCX still holds may

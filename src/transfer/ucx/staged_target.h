@@ -19,7 +19,8 @@
 // kStagedHello arrives, closed on kStagedBye, force-closed when it fails or,
 // without UCX peer error handling, when its process exits), so a request of
 // an initiator that died is dropped and frees its chunk, not answered into a
-// dead endpoint.
+// dead endpoint. The guarded path (guarded_target.h) answers through the
+// same endpoints.
 //
 // Lifecycle: install() before the worker's thread starts; add_region /
 // remove_region from the engine's thread; set_pool() and tick() on the
@@ -75,6 +76,10 @@ class StagedTarget {
   void set_pool(std::unique_ptr<StagingPool> pool);
   // Our endpoint to initiator `key` failed (it exited): its requests go unanswered.
   void initiator_failed(uint64_t key, ucs_status_t status);
+  // Our endpoint to initiator `key` (made on its kStagedHello), through which
+  // the guarded path (guarded_target.h) answers too; null when it said no
+  // hello or failed.
+  ucp_ep_h reply_endpoint(uint64_t key) const;
   StagingPool* pool() { return pool_.get(); }
   // Moves requests along; true while any is in flight.
   bool tick();

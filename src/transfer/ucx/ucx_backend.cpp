@@ -8,6 +8,8 @@
 #include "transfer/region_table.h"
 #include "transfer/transfer_config.h"
 #include "transfer/ucx/cuda_staging.h"
+#include "transfer/ucx/guarded_messages.h"
+#include "transfer/ucx/guarded_target.h"
 #include "transfer/ucx/staged_messages.h"
 #include "transfer/ucx/staged_target.h"
 #include "transfer/ucx/staging_pool.h"
@@ -67,6 +69,7 @@ Result<std::unique_ptr<UcxBackend>> UcxBackend::create(const TransferConfig& con
   if (config.ucx_staging_chunk_bytes == 0 || config.ucx_staging_chunks == 0)
     return invalid_argument("ucx staging needs chunks of at least one byte, and at least one chunk");
   b->chunk_bytes_ = config.ucx_staging_chunk_bytes;
+  b->sends_guarded_ = config.ucx_guarded;
   b->chunk_count_ = config.ucx_staging_chunks;
   SIESTA_ASSIGN_OR_RETURN(b->worker_, UcxWorker::create(UcxOptions{config.ucx_transports, config.ucx_net_devices,
                                                                  config.ucx_peer_error_handling}));
@@ -80,10 +83,13 @@ Result<std::unique_ptr<UcxBackend>> UcxBackend::create(const TransferConfig& con
   w.bytes(mapped.rkey);
   b->identity_ = ProcessIdentity::of_this_process();
   b->identity_.encode(w);
+  w.u64(kGuardedMessageBytes);  // we serve guarded messages of up to this many bytes
   b->engine_blob_ = w.take();
   b->target_ = std::make_unique<StagedTarget>(*b->worker_, table, config.ucx_peer_error_handling);
+  b->guarded_ = std::make_unique<GuardedTarget>(*b->worker_, table, *b->target_);
   b->keys_.seed(std::random_device{}());
   SIESTA_TRY(b->target_->install());
+  SIESTA_TRY(b->guarded_->install());
   SIESTA_TRY(b->install_handlers());
   UcxBackend* raw = b.get();
   b->worker_->start([raw] { return raw->tick(); });
@@ -93,7 +99,9 @@ Result<std::unique_ptr<UcxBackend>> UcxBackend::create(const TransferConfig& con
 UcxBackend::UcxBackend(RegionTable& table) : table_(table) {}
 
 UcxBackend::~UcxBackend() {
+  if (!worker_) return;  // create() failed before the worker: nothing else was made
   worker_->stop();
+  if (guarded_) guarded_->stop();  // StagedTarget's destructor still progresses the worker
   if (initiator_pool_) initiator_pool_->stop_growing();
   // Transfers still in flight (a peer that never answered) fail now.
   std::vector<UcxXfer*> stuck(active_.begin(), active_.end());
@@ -136,6 +144,7 @@ Result<std::string> UcxBackend::register_region(const LocalRegion& region) {
   if (!stages(s.kind)) {
     ucs_memory_type_t type = s.kind == MemoryKind::kCuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
     SIESTA_ASSIGN_OR_RETURN(MappedMemory mapped, map_memory(worker_->context(), s.base, s.bytes, type, true));
+    if (s.kind == MemoryKind::kHost) guarded_->add_region(region.id, region.slot, static_cast<char*>(s.base), s.bytes);
     std::lock_guard<std::mutex> lock(mu_);
     memh_[region.id] = mapped.memh;
     return encode_region_blob(RegionBlob{false, std::move(mapped.rkey), 0});
@@ -167,6 +176,7 @@ Result<std::string> UcxBackend::register_region(const LocalRegion& region) {
 }
 
 void UcxBackend::deregister_region(RegionId id) {
+  guarded_->remove_region(id);  // after a guarded copy into or out of it that runs now
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (staged_.erase(id) == 0) {
@@ -203,6 +213,14 @@ uint64_t UcxBackend::await_reply(StagedPiece* piece) {
 
 void UcxBackend::forget(uint64_t token) { awaiting_.erase(token); }
 
+uint64_t UcxBackend::await_reply(GuardedMessage* message) {
+  uint64_t token = next_token_++;
+  awaiting_guarded_[token] = message;
+  return token;
+}
+
+void UcxBackend::forget_guarded(uint64_t token) { awaiting_guarded_.erase(token); }
+
 StagedPiece* UcxBackend::awaiting(uint64_t token) {
   auto it = awaiting_.find(token);
   return it == awaiting_.end() ? nullptr : it->second;
@@ -220,7 +238,33 @@ Ok UcxBackend::install_handlers() {
     ucs_status_t st = ucp_worker_set_am_recv_handler(worker_->worker(), &p);
     if (st != UCS_OK) return ucx_error("registering the staged-transfer reply handlers", st);
   }
+  for (unsigned id : {unsigned{kGuardedWriteAck}, unsigned{kGuardedReadData}}) {
+    ucp_am_handler_param_t p{};
+    p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                   UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    p.id = id;
+    p.flags = UCP_AM_FLAG_WHOLE_MSG;
+    p.cb = on_guarded_reply;
+    p.arg = this;
+    ucs_status_t st = ucp_worker_set_am_recv_handler(worker_->worker(), &p);
+    if (st != UCS_OK) return ucx_error("registering the guarded-transfer reply handlers", st);
+  }
   return {};
+}
+
+// kGuardedWriteAck and kGuardedReadData: the transfer knows which it awaits.
+ucs_status_t UcxBackend::on_guarded_reply(void* arg, const void* header, size_t header_length, void* data,
+                                          size_t length, const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<UcxBackend*>(arg);
+  Result<StagedReply> reply = decode_staged_reply(header, header_length);
+  if (!reply) return UCS_OK;
+  auto it = self->awaiting_guarded_.find(reply->token);
+  if (it == self->awaiting_guarded_.end()) return UCS_OK;  // a late reply: its transfer ended
+  GuardedMessage* message = it->second;
+  self->awaiting_guarded_.erase(it);
+  message->xfer->peer->on_guarded_reply(message, reply->result, data, length,
+                                        (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0);
+  return UCS_OK;
 }
 
 ucs_status_t UcxBackend::on_write_ack(void* arg, const void* header, size_t header_length, void*, size_t,
@@ -258,6 +302,7 @@ Result<std::shared_ptr<BackendPeer>> UcxBackend::connect(const EngineMeta& meta,
   table.bytes = r.u64();
   table.rkey = r.bytes(kMaxBlobBytes);
   ProcessIdentity identity = ProcessIdentity::decode(r);
+  uint64_t guarded_bytes = r.ok() && r.at_end() ? 0 : r.u64();  // absent: it serves no guarded messages
   if (!r.done() || address.empty() || table.bytes < region_table_bytes(1))
     return corrupt(fmt::format("the ucx backend blob of peer {} is malformed", meta.engine_id));
   for (const RegionDesc& d : meta.regions)
@@ -266,7 +311,7 @@ Result<std::shared_ptr<BackendPeer>> UcxBackend::connect(const EngineMeta& meta,
   // A peer process in our pid namespace is watched, so its exit fails its
   // transfers even where UCX's own peer error handling is off.
   int watch = identity_.same_pid_namespace(identity) ? open_process_watch(identity.pid) : -1;
-  auto peer = std::make_shared<UcxPeer>(*this, meta, std::move(address), std::move(table), watch);
+  auto peer = std::make_shared<UcxPeer>(*this, meta, std::move(address), std::move(table), guarded_bytes, watch);
   auto opened = std::make_shared<Waiter<Ok>>();
   worker_->post([peer, opened] { peer->open([opened](Ok r) { opened->set(std::move(r)); }); });
   std::optional<Ok> result = opened->wait_until(deadline);

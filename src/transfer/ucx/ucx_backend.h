@@ -11,7 +11,11 @@
 // Importer side: connect() makes a UcxPeer (ucx_peer.h): an endpoint to the
 // peer's worker with peer error handling, and the unpacked rkeys. Transfers
 // are ucp_put_nbx / ucp_get_nbx, checked against the peer's region table
-// (one GET before and one after), WRITEs flushed before they count as done.
+// (one GET before and one after), WRITEs flushed before they count as done;
+// small transfers to host regions over transports whose puts and gets UCX
+// serves in software on the target (tcp) take the guarded path instead:
+// active messages that the peer's progress thread checks and copies
+// (guarded_messages.h, guarded_target.h), one round trip.
 //
 // GPU memory: registered directly when UCX reports CUDA support. Otherwise
 // a CUDA region is staged: it gets no rkey (its blob says so), and bytes move
@@ -49,9 +53,11 @@ struct TransferConfig;
 
 namespace siesta::transfer::ucx {
 
+class GuardedTarget;
 class StagedTarget;
 class StagingPool;
 class UcxPeer;
+struct GuardedMessage;
 struct StagedPiece;
 struct UcxXfer;
 
@@ -87,6 +93,8 @@ class UcxBackend final : public TransferBackend {
   Result<std::shared_ptr<BackendPeer>> connect(const EngineMeta& meta, Deadline deadline) override;
 
   UcxWorker& worker() { return *worker_; }
+  // Whether our transfers may take the guarded path (TransferConfig::ucx_guarded).
+  bool sends_guarded() const { return sends_guarded_; }
   // The memory handle of a local region, or null (UCX then finds it itself).
   ucp_mem_h local_memh(RegionId id);
   // A local region that is staged: its CUDA device (-1 for host memory); nothing when it is not staged.
@@ -102,6 +110,9 @@ class UcxBackend final : public TransferBackend {
   // Names a piece that awaits the peer's reply; forget() when it no longer does.
   uint64_t await_reply(StagedPiece* piece);
   void forget(uint64_t token);
+  // The same for a guarded message (guarded_messages.h).
+  uint64_t await_reply(GuardedMessage* message);
+  void forget_guarded(uint64_t token);
 
   // Progress-thread bookkeeping of transfers in flight: track/untrack on
   // start/completion; ready() when a transfer's requests all completed (it
@@ -123,6 +134,8 @@ class UcxBackend final : public TransferBackend {
                                    const ucp_am_recv_param_t* param);
   static ucs_status_t on_read_data(void* arg, const void* header, size_t header_length, void* data, size_t length,
                                    const ucp_am_recv_param_t* param);
+  static ucs_status_t on_guarded_reply(void* arg, const void* header, size_t header_length, void* data,
+                                       size_t length, const ucp_am_recv_param_t* param);
 
   RegionTable& table_;
   std::unique_ptr<UcxWorker> worker_;
@@ -130,6 +143,7 @@ class UcxBackend final : public TransferBackend {
   std::string engine_blob_;
 
   StagingMode staging_ = StagingMode::kAuto;
+  bool sends_guarded_ = true;
   size_t chunk_bytes_ = 0;
   size_t chunk_count_ = 0;
 
@@ -139,8 +153,10 @@ class UcxBackend final : public TransferBackend {
   bool pools_made_ = false;         // the pools were made (and handed to the progress thread)
 
   std::unique_ptr<StagedTarget> target_;
+  std::unique_ptr<GuardedTarget> guarded_;
   std::unique_ptr<StagingPool> initiator_pool_;  // progress thread (once handed over)
   std::unordered_map<uint64_t, StagedPiece*> awaiting_;  // progress thread
+  std::unordered_map<uint64_t, GuardedMessage*> awaiting_guarded_;  // progress thread
   uint64_t next_token_ = 1;                               // progress thread
   std::mt19937_64 keys_;                                  // progress thread
 

@@ -80,11 +80,12 @@ void close_ep(ucp_ep_h ep, EndpointContext* ctx, bool force, std::function<void(
 }  // namespace
 
 UcxPeer::UcxPeer(UcxBackend& backend, EngineMeta meta, std::string worker_address, RemoteTable table,
-                 int process_watch)
+                 uint64_t guarded_bytes, int process_watch)
     : backend_(backend),
       meta_(std::move(meta)),
       worker_address_(std::move(worker_address)),
       table_(std::move(table)),
+      guarded_bytes_(guarded_bytes),
       process_watch_(process_watch) {}
 
 bool UcxPeer::process_exited() const { return siesta::transfer::process_exited(process_watch_); }
@@ -134,6 +135,7 @@ void UcxPeer::open(std::function<void(Ok)> done) {
     return;
   }
   ep_context_ = ctx;
+  guarded_ = backend_.sends_guarded() && guarded_bytes_ > 0 && rma_in_software(ep_);
   rkeys_.assign(meta_.regions.size(), nullptr);
   remote_staged_.assign(meta_.regions.size(), false);
   remote_chunk_.assign(meta_.regions.size(), 0);
@@ -162,9 +164,10 @@ void UcxPeer::open(std::function<void(Ok)> done) {
     done(ucx_error(fmt::format("unpacking the region-table rkey of peer {}", meta_.engine_id).c_str(), st));
     return;
   }
-  // A peer with staged regions answers our requests through an endpoint of
-  // its own: tell it where we are (before any request, on the same endpoint).
-  if (std::find(remote_staged_.begin(), remote_staged_.end(), true) != remote_staged_.end()) {
+  // A peer with staged regions, or one that serves our guarded transfers,
+  // answers our requests through an endpoint of its own: tell it where we are
+  // (before any request, on the same endpoint).
+  if (guarded_ || std::find(remote_staged_.begin(), remote_staged_.end(), true) != remote_staged_.end()) {
     initiator_key_ = backend_.new_initiator_key();
     send_key(kStagedHello, encode_staged_hello(StagedHello{initiator_key_, ProcessIdentity::of_this_process()}),
              backend_.worker().address());
@@ -242,6 +245,10 @@ void UcxPeer::start(UcxXfer* x) {
     x->failure = timeout("the deadline passed before the transfer started");
   } else if (Ok planned = plan_pieces(x); !planned) {
     x->failure = planned.error();
+  } else if (guarded_eligible(x)) {
+    x->stage = UcxXfer::Stage::kGuarded;  // the peer checks each range as it copies
+    start_guarded(x);
+    return;
   } else if (x->direct_remote) {
     fetch_table(x);
     return;
@@ -335,6 +342,7 @@ void UcxPeer::post_check(UcxXfer* x) {
 
 void UcxPeer::advance(UcxXfer* x) {
   x->queued = false;
+  if (x->stage == UcxXfer::Stage::kGuarded) return advance_guarded(x);
   if (x->outstanding > 0) return;
   if (x->failure) {
     if (x->copies == 0) complete(x, *x->failure);  // a running copy still touches our region: pump() waits for it
@@ -376,11 +384,14 @@ void UcxPeer::advance(UcxXfer* x) {
       complete(x, Ok{});
       return;
     }
+    case UcxXfer::Stage::kGuarded:
+      return;  // advance_guarded()
   }
 }
 
 void UcxPeer::complete(UcxXfer* x, Ok result) {
   release_staging(x, false);
+  forget_guarded(x);
   backend_.untrack(x);
   xfers_.erase(x);
   std::shared_ptr<UcxPeer> self = std::move(x->peer);
@@ -442,6 +453,7 @@ void UcxPeer::abandon(UcxXfer* x, const Status& why) {
 
 void UcxPeer::orphan(UcxXfer* x) {
   release_staging(x, true);
+  forget_guarded(x);
   backend_.untrack(x);
   xfers_.erase(x);
   backend_.adopt_orphan(x);

@@ -15,6 +15,20 @@
 // Segments to or from a peer's staged regions are checked by the peer itself
 // (staged_target.h), so a transfer with only those needs no table GET.
 //
+// Guarded transfers (guarded_xfer.cpp, over guarded_messages.h): where UCX
+// serves puts and gets on our endpoint in software on the peer anyway (no
+// RMA lane: tcp, shared memory), a transfer between host regions registered
+// directly on both sides takes neither table GET nor a put:
+//   kGuarded   active messages of at most the peer's guarded size (64 KiB),
+//              kGuardedMessagesInFlight at a time, each carrying (region,
+//              slot, offset, bytes) per range, our descriptor's epoch and, for
+//              a WRITE, the bytes; the peer's progress thread checks every
+//              range against its table and copies (or refuses, copying
+//              nothing), then answers, a READ with the bytes, which we copy
+//              into our region. Done when every message was answered ok: one
+//              round trip for a small transfer, the check done where the copy
+//              is. TransferConfig::ucx_guarded turns it off.
+//
 // Staged pieces (staged_pieces.cpp): a segment whose local region is staged
 // (CUDA memory UCX cannot register, or any memory when staging is forced), or
 // whose remote region is (it has no rkey), moves in pieces of at most one
@@ -34,8 +48,8 @@
 // without INVALIDATE first, may still receive the bytes on transports without
 // hardware keys (tcp writes to the address). The post-check then fails the
 // transfer. The protocol (invalidate_peers before deregister_region) is what
-// makes this safe. Staged regions have no such window: the owner checks each
-// piece before it copies.
+// makes this safe. Staged regions and guarded transfers have no such window:
+// the owner checks each piece or range as it copies.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -51,6 +65,7 @@
 
 #include "transfer/engine_meta.h"
 #include "transfer/transfer_backend.h"
+#include "transfer/ucx/guarded_messages.h"
 
 namespace siesta::transfer::ucx {
 
@@ -98,8 +113,20 @@ struct StagedPiece {
   bool counted = false;    // in UcxXfer::pieces_done
 };
 
+// One active message of a guarded transfer, and its answer.
+struct GuardedMessage {
+  UcxXfer* xfer = nullptr;
+  std::vector<GuardedRange> ranges;  // the peer's side
+  uint64_t token = 0;   // while its answer is awaited
+  std::string header;   // a GuardedRequest, once sent: UCX reads it until the send completes
+  // Our side of its ranges, in order: what a WRITE sends, where a READ's bytes land.
+  std::vector<ucp_dt_iov_t> local;
+  uint64_t bytes = 0;
+  bool answered = false;
+};
+
 struct UcxXfer {
-  enum class Stage { kPreCheck, kData };
+  enum class Stage { kPreCheck, kData, kGuarded };
   UcxBackend* backend = nullptr;
   std::shared_ptr<UcxPeer> peer;
   XferPlan plan;
@@ -123,13 +150,20 @@ struct UcxXfer {
   size_t direct_unposted = 0;  // pieces to direct regions whose put/get is not posted yet
   size_t copies = 0;           // staging copies running
 
+  // Guarded transfers: their messages (never resized once sent: answers point into it).
+  std::vector<GuardedMessage> guarded;
+  size_t guarded_sent = 0;
+  size_t guarded_answered = 0;
+
   bool staged() const { return !pieces.empty(); }
 };
 
 class UcxPeer final : public BackendPeer, public std::enable_shared_from_this<UcxPeer> {
  public:
+  // guarded_bytes: the largest guarded message the peer serves (0: none).
   // process_watch: a pidfd of the peer's process (or -1), owned from here on.
-  UcxPeer(UcxBackend& backend, EngineMeta meta, std::string worker_address, RemoteTable table, int process_watch);
+  UcxPeer(UcxBackend& backend, EngineMeta meta, std::string worker_address, RemoteTable table, uint64_t guarded_bytes,
+          int process_watch);
   ~UcxPeer() override;
 
   void post(XferPlan plan, XferDone done) override;
@@ -149,6 +183,8 @@ class UcxPeer final : public BackendPeer, public std::enable_shared_from_this<Uc
   void on_write_ack(StagedPiece* piece, Ok result);
   // Returns UCS_INPROGRESS when it keeps the rendezvous descriptor `data`.
   ucs_status_t on_read_data(StagedPiece* piece, Ok result, void* data, size_t length, bool rendezvous);
+  // The peer answered a guarded message (its token is already forgotten).
+  void on_guarded_reply(GuardedMessage* message, Ok result, const void* data, size_t length, bool rendezvous);
   // The endpoint failed, the peer exited or a deadline passed: fail every
   // transfer in flight. With peer error handling on, or when the peer is gone
   // (`peer_gone`), the endpoint is force-closed, which cancels their requests;
@@ -171,6 +207,13 @@ class UcxPeer final : public BackendPeer, public std::enable_shared_from_this<Uc
   void complete(UcxXfer* x, Ok result);
   void orphan(UcxXfer* x);
   void release_staging(UcxXfer* x, bool orphaning);
+
+  // guarded_xfer.cpp
+  bool guarded_eligible(const UcxXfer* x) const;
+  void start_guarded(UcxXfer* x);
+  void send_guarded(UcxXfer* x);
+  void advance_guarded(UcxXfer* x);
+  void forget_guarded(UcxXfer* x);
   void close_endpoint(bool force, std::function<void()> closed);
   void send_key(unsigned id, std::string header, const std::string& data);
 
@@ -187,6 +230,7 @@ class UcxPeer final : public BackendPeer, public std::enable_shared_from_this<Uc
   const EngineMeta meta_;
   const std::string worker_address_;
   const RemoteTable table_;
+  const uint64_t guarded_bytes_;
   const int process_watch_;
 
   // progress thread
@@ -196,7 +240,11 @@ class UcxPeer final : public BackendPeer, public std::enable_shared_from_this<Uc
   std::vector<bool> remote_staged_;  // parallel to meta_.regions
   std::vector<uint64_t> remote_chunk_;  // a staged region's owner's chunk size
   ucp_rkey_h table_rkey_ = nullptr;
-  uint64_t initiator_key_ = 0;  // our name in staged requests to this peer (0: it has no staged region)
+  uint64_t initiator_key_ = 0;  // our name in staged and guarded requests to this peer (0: we sent no hello)
+  // Host-memory transfers go guarded: UCX serves our puts and gets in software
+  // on the peer (rma_in_software()), the peer serves guarded messages, and
+  // TransferConfig::ucx_guarded is on.
+  bool guarded_ = false;
   std::optional<Status> broken_;
   std::set<UcxXfer*> xfers_;
 

@@ -5,6 +5,10 @@
 #include <sched.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
 
 #include "common/log.h"
 
@@ -16,6 +20,34 @@ constexpr auto kSpinAfterActivity = std::chrono::microseconds(200);
 
 Status ucx_error(const char* what, ucs_status_t status) {
   return unavailable(fmt::format("{}: {}", what, ucs_status_string(status)));
+}
+
+bool rma_in_software(ucp_ep_h ep) {
+  char* text = nullptr;
+  size_t length = 0;
+  FILE* out = open_memstream(&text, &length);
+  if (out == nullptr) return false;
+  ucp_ep_print_info(ep, out);
+  fclose(out);
+  // Lines like "lane[0]:  0:tcp/lo.0 md[0]  -> md[0]/tcp/sysdev[255] am am_bw#0 keepalive wireup";
+  // what a lane is used for follows the "->". Puts and gets go to "rma#N"
+  // lanes; without one UCX sends them as active messages that the target's
+  // progress applies ("rma_bw#N" lanes serve rendezvous only).
+  bool lanes = false, rma = false;
+  std::istringstream in(std::string(text, length));
+  free(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find("lane[") == std::string::npos) continue;
+    size_t arrow = line.find("->");
+    if (arrow == std::string::npos) continue;
+    lanes = true;
+    std::istringstream uses(line.substr(arrow + 2));
+    std::string use;
+    while (uses >> use)
+      if (use.rfind("rma#", 0) == 0) rma = true;
+  }
+  return lanes && !rma;
 }
 
 Result<MappedMemory> map_memory(ucp_context_h context, void* base, size_t bytes, ucs_memory_type_t type,
@@ -76,6 +108,10 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const UcxOptions& options) 
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;
   st = ucp_worker_create(w->context_, &wp, &w->worker_);
   if (st != UCS_OK) return ucx_error("ucp_worker_create", st);
+
+  ucp_worker_attr_t wattr{};
+  wattr.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+  if (ucp_worker_query(w->worker_, &wattr) == UCS_OK) w->max_am_header_ = wattr.max_am_header;
 
   ucp_address_t* addr = nullptr;
   size_t len = 0;

@@ -53,6 +53,8 @@ class UcxWorker {
   // Whether UCX can register CUDA memory in this build and configuration.
   bool supports_cuda() const { return supports_cuda_; }
   bool peer_error_handling() const { return peer_error_handling_; }
+  // The largest active-message header this worker sends (0: unknown).
+  size_t max_am_header() const { return max_am_header_; }
 
   // Starts the progress thread; `tick` runs on it every loop and returns true
   // while work is in flight.
@@ -71,6 +73,7 @@ class UcxWorker {
   std::string address_;
   bool supports_cuda_ = false;
   bool peer_error_handling_ = true;
+  size_t max_am_header_ = 0;
 
   std::function<bool()> tick_;
   std::mutex mu_;
@@ -81,6 +84,13 @@ class UcxWorker {
 };
 
 Status ucx_error(const char* what, ucs_status_t status);
+
+// Whether UCX serves puts and gets on `ep` in software on the target: none of
+// its lanes is an RMA lane (tcp and shared memory in UCX 1.13; RDMA
+// transports have them), so the target's progress copies every byte anyway.
+// UCX 1.13's ucp_ep_query names no transports, so this reads the lane table
+// that ucp_ep_print_info writes; false when it cannot tell (no lane table).
+bool rma_in_software(ucp_ep_h ep);
 
 // Memory registered with a UCP context (ucp_mem_map), and its packed rkey
 // when asked for (what peers unpack to reach it).
