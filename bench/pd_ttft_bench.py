@@ -180,18 +180,21 @@ def main():
                 "ttft_colocated_s": ttft_c,
                 "kv_bytes": d(after_d, before_d, "siesta:kv_load_bytes_total"),
                 "transfer_s": d(after_m, before_m, "siesta:kv_transfer_seconds_sum"),
+                "transfer_data_s": d(after_m, before_m, "siesta:kv_transfer_data_seconds_sum"),
                 "load_s": d(after_d, before_d, "siesta:kv_load_seconds_sum"),
                 "loaded": d(after_d, before_d, 'siesta:kv_loads_total{outcome="loaded"}'),
                 "same_tokens": ids_pd == ids_c,
                 "first_difference": next((j for j, (x, y) in enumerate(zip(ids_pd, ids_c)) if x != y), None),
             })
         print(f"{'req':>3} {'prompt':>6} {'TTFT P/D ms':>11} {'TTFT coloc ms':>13} {'KV MiB':>8} "
-              f"{'xfer ms':>8} {'xfer/TTFT':>9} {'load ms':>8} {'same':>5}")
+              f"{'xfer ms':>8} {'xfer/TTFT':>9} {'data ms':>8} {'data/TTFT':>9} {'load ms':>8} {'same':>5}")
         for r in rows:
             share = r["transfer_s"] / r["ttft_pd_s"] if r["ttft_pd_s"] else 0
+            data_share = r["transfer_data_s"] / r["ttft_pd_s"] if r["ttft_pd_s"] else 0
             print(f"{r['request']:>3} {r['prompt_tokens']:>6} {r['ttft_pd_s'] * 1e3:>11.2f} "
                   f"{r['ttft_colocated_s'] * 1e3:>13.2f} {r['kv_bytes'] / 2**20:>8.1f} {r['transfer_s'] * 1e3:>8.3f} "
-                  f"{share * 100:>8.2f}% {r['load_s'] * 1e3:>8.2f} {str(r['same_tokens']):>5}")
+                  f"{share * 100:>8.2f}% {r['transfer_data_s'] * 1e3:>8.3f} {data_share * 100:>8.2f}% "
+                  f"{r['load_s'] * 1e3:>8.2f} {str(r['same_tokens']):>5}")
         commit = os.environ.get("SIESTA_COMMIT") or subprocess.run(
             ["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
         gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,

@@ -42,6 +42,7 @@ struct KvTransferMetrics {
   uint64_t transfers_failed = 0;
   uint64_t transfer_bytes = 0;          // of transfers done
   Histogram transfer_seconds = Histogram(kv_transfer_buckets());  // submit to done
+  Histogram transfer_data_seconds = Histogram(kv_transfer_buckets());  // submit to the bytes in place
   uint64_t loads_done = 0;              // KV arrived
   uint64_t loads_with_logits = 0;       // ... with the producer's logits: the first token sampled from them,
                                         // no prompt token computed here (else the last one is)

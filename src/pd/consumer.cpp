@@ -513,7 +513,8 @@ bool Consumer::tick(Clock::time_point now, std::optional<transfer::XferId>* wait
       } else {
         l.read_final = true;
         if (st.done()) {
-          ctx_.metrics.transfer_done(l.bytes, std::chrono::duration<double>(st.finished_at - l.read_started).count());
+          ctx_.metrics.transfer_done(l.bytes, std::chrono::duration<double>(st.finished_at - l.read_started).count(),
+                                     std::chrono::duration<double>(st.data_at - l.read_started).count());
           if (l.state == LoadState::kReading) {
             transition(l, LoadEvent::kReadDone);
             const RequestId rid = id;

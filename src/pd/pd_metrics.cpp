@@ -2,11 +2,12 @@
 
 namespace siesta::pd {
 
-void PdMetrics::transfer_done(uint64_t bytes, double seconds) {
+void PdMetrics::transfer_done(uint64_t bytes, double seconds, double data_seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   ++m_.transfers_done;
   m_.transfer_bytes += bytes;
   m_.transfer_seconds.observe(seconds);
+  m_.transfer_data_seconds.observe(data_seconds);
 }
 
 void PdMetrics::transfer_failed() {

@@ -14,7 +14,9 @@ class PdMetrics {
  public:
   PdMetrics() { m_.enabled = true; }
 
-  void transfer_done(uint64_t bytes, double seconds);
+  // seconds: submit to done (a WRITE's notification acknowledged);
+  // data_seconds: submit to the bytes in place.
+  void transfer_done(uint64_t bytes, double seconds, double data_seconds);
   void transfer_failed();
   void load_done(uint64_t bytes, double seconds);
   void first_token_from_producer();  // a load ended with the producer's logits

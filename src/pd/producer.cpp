@@ -432,7 +432,8 @@ bool Producer::tick(Clock::time_point now, std::optional<transfer::XferId>* wait
       }
       s.write_final = true;
       if (st.done()) {
-        ctx_.metrics.transfer_done(s.write_bytes, std::chrono::duration<double>(st.finished_at - s.write_started).count());
+        ctx_.metrics.transfer_done(s.write_bytes, std::chrono::duration<double>(st.finished_at - s.write_started).count(),
+                                   std::chrono::duration<double>(st.data_at - s.write_started).count());
         transition(s, SendEvent::kSent, "written to " + s.target->request.consumer_engine);
       } else {
         ctx_.metrics.transfer_failed();

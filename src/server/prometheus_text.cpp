@@ -98,8 +98,12 @@ std::string render_prometheus(const EngineMetricsSnapshot& s, const std::string&
                        {{"done", kv.transfers_done}, {"failed", kv.transfers_failed}});
     f.counter("siesta:kv_transfer_bytes_total", "Bytes of KV moved by transfers this engine started.",
               static_cast<double>(kv.transfer_bytes));
-    f.histogram("siesta:kv_transfer_seconds", "Histogram of KV transfer time (submit to done) in seconds.",
+    f.histogram("siesta:kv_transfer_seconds",
+                "Histogram of KV transfer time (submit to done: a write's notification acknowledged) in seconds.",
                 kv.transfer_seconds);
+    f.histogram("siesta:kv_transfer_data_seconds",
+                "Histogram of the time from a KV transfer's submit to its bytes in place, in seconds.",
+                kv.transfer_data_seconds);
     f.labelled_counter("siesta:kv_loads_total", "Requests that asked for remote KV, by outcome.", "outcome",
                        {{"loaded", kv.loads_done}, {"failed", kv.load_failures}});
     f.counter("siesta:kv_loads_with_logits_total",

@@ -46,6 +46,7 @@ struct XferRecord {
   std::vector<RegionId> local_regions;  // one per segment, for in_flight
   bool backend_done = false;
   bool reported = false;  // a final status was handed to the user
+  Clock::time_point data_at{};  // the backend moved the bytes (before any notification)
 };
 
 bool add_overflows(uint64_t a, uint64_t b) { return a + b < a; }
@@ -408,15 +409,16 @@ void TransferEngine::Impl::on_data_done(XferId id, Ok result, std::optional<std:
     finish(id, result.error().with_context(fmt::format("{} with peer {}", xfer_op_name(op), peer_id)));
     return;
   }
-  if (!notify) {
-    finish(id, {});
-    return;
-  }
   Deadline deadline;
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = xfers.find(id);
     deadline = it == xfers.end() ? Clock::now() : it->second.deadline;
+    if (it != xfers.end()) it->second.data_at = Clock::now();
+  }
+  if (!notify) {
+    finish(id, {});
+    return;
   }
   NotifyMsg msg{config.engine_id, target_epoch, std::move(*notify)};
   side_channel->request_then(peer_address, to_frame(msg), deadline, [this, id, peer_id](Result<Frame> answer) {
@@ -452,6 +454,7 @@ void TransferEngine::Impl::finish(XferId id, Ok result) {
         transition_locked(pit->second, PeerEvent::kTransferFailed, &result.error());
     }
     rec.status.finished_at = Clock::now();
+    rec.status.data_at = rec.data_at == Clock::time_point{} ? rec.status.finished_at : rec.data_at;
   }
   if (rec.reported) {
     xfers.erase(it);

@@ -42,6 +42,8 @@ struct XferStatus {
   // When the status became final (done: the data in place and the
   // notification, if any, acknowledged), however late poll() looked.
   Clock::time_point finished_at{};
+  // done: when the bytes were in place, before the notification went out.
+  Clock::time_point data_at{};
 
   bool pending() const { return state == XferState::kPending; }
   bool done() const { return state == XferState::kDone; }
