@@ -112,7 +112,8 @@ Result<PdConfig> parse_kv_transfer_config(std::string_view text) {
   SIESTA_TRY(refuse_unknown(extra,
                             {"backend", "mode", "side_channel_host", "side_channel_port", "load_timeout_s",
                              "hold_timeout_s", "transfer_timeout_s", "message_timeout_s", "write_grace_s",
-                             "worker_threads", "ucx_transports", "ucx_net_devices", "ucx_peer_error_handling"},
+                             "worker_threads", "ucx_transports", "ucx_net_devices", "ucx_peer_error_handling",
+                             "ipc_copy"},
                             where));
   if (extra.contains("backend")) {
     SIESTA_ASSIGN_OR_RETURN(c.backend, string_field(extra, "backend", where));
@@ -171,6 +172,13 @@ Result<PdConfig> parse_kv_transfer_config(std::string_view text) {
     const json& v = extra.at("ucx_peer_error_handling");
     if (!v.is_boolean()) return bad(where + ".ucx_peer_error_handling must be a boolean, got " + type_of(v));
     c.ucx_peer_error_handling = v.get<bool>();
+  }
+
+  if (extra.contains("ipc_copy")) {
+    if (c.backend != "ipc") return bad(where + ".ipc_copy applies to the ipc backend, and backend is '" + c.backend + "'");
+    SIESTA_ASSIGN_OR_RETURN(c.ipc_copy, string_field(extra, "ipc_copy", where));
+    if (c.ipc_copy != "auto" && c.ipc_copy != "kernel" && c.ipc_copy != "copy_engine")
+      return bad(where + ".ipc_copy '" + c.ipc_copy + "' is not one of auto, kernel, copy_engine");
   }
 
   // Combinations: a load waits load_timeout_s in all, and it contains one

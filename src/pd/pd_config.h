@@ -17,6 +17,8 @@
 //                                  long its blocks stay held in case a copy is still running
 //      "worker_threads": 4,        threads for handshakes, messages and transfer starts
 //      "ucx_transports": "tcp", "ucx_net_devices": "lo", "ucx_peer_error_handling": true  (ucx only)
+//      "ipc_copy": "auto" | "kernel" | "copy_engine"  (ipc only; src/transfer/README.md: how
+//                                  CUDA KV pieces are copied; "kernel" also across peer GPUs)
 //    }}
 //
 // Unknown keys, wrong types, out-of-range values and impossible combinations
@@ -59,6 +61,7 @@ struct PdConfig {
   std::string ucx_transports;
   std::string ucx_net_devices;
   bool ucx_peer_error_handling = true;
+  std::string ipc_copy = "auto";
 
   bool produces() const { return role != KvRole::kConsumer; }
   bool consumes() const { return role != KvRole::kProducer; }

@@ -76,6 +76,11 @@ TEST(PdConfig, KvBothProducesAndConsumesAndIpcIsAccepted) {
   EXPECT_TRUE(c->produces());
   EXPECT_TRUE(c->consumes());
   EXPECT_EQ(c->backend, "ipc");
+  EXPECT_EQ(c->ipc_copy, "auto");
+  auto k = parse_kv_transfer_config(R"({"kv_connector": "SiestaConnector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"backend": "ipc", "ipc_copy": "kernel"}})");
+  ASSERT_TRUE(k) << k.error().message;
+  EXPECT_EQ(k->ipc_copy, "kernel");
 }
 
 TEST(PdConfig, UnknownKeysAreRefusedByName) {
@@ -113,6 +118,10 @@ TEST(PdConfig, ImpossibleCombinationsAreRefusedNamingBothSides) {
   const std::string head = R"({"kv_connector": "SiestaConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": )";
   expect_refused(head + R"({"backend": "ipc", "ucx_transports": "tcp"}})",
                  "ucx_transports applies to the ucx backend, and backend is 'ipc'");
+  expect_refused(head + R"({"backend": "ucx", "ipc_copy": "kernel"}})",
+                 "ipc_copy applies to the ipc backend, and backend is 'ucx'");
+  expect_refused(head + R"({"backend": "ipc", "ipc_copy": "dma"}})",
+                 "ipc_copy 'dma' is not one of auto, kernel, copy_engine");
   const std::string m = refusal(head + R"({"load_timeout_s": 5, "transfer_timeout_s": 10}})");
   EXPECT_NE(m.find("transfer_timeout_s (10)"), std::string::npos) << m;
   EXPECT_NE(m.find("load_timeout_s (5)"), std::string::npos) << m;
