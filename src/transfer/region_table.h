@@ -2,10 +2,12 @@
 // regions are live, and at which epoch, without a round trip to the engine.
 //
 // Peers check it before and after every transfer: ipc maps it read-only (it
-// is a memfd exported with the regions), ucx fetches it with a GET. A
-// descriptor whose region was deregistered, or which was made under an older
-// epoch, fails the check, so a transfer never touches memory the owner has
-// given back, and a READ that raced with a deregistration is not trusted.
+// is a memfd exported with the regions), ucx fetches it with a GET (one-sided
+// transfers), or the owner checks it itself as it serves a peer's guarded or
+// staged request. A descriptor whose region was deregistered, or which was
+// made under an older epoch, fails the check, so a transfer never touches
+// memory the owner has given back, and a READ that raced with a
+// deregistration is not trusted.
 //
 // Layout (u64 words, little-endian, what peers read):
 //   word 0  kRegionTableMagic
