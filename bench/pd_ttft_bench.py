@@ -25,6 +25,7 @@ import os
 import platform
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,10 +35,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Process:
+    log_level = "info"
+
     def __init__(self, siesta, name, argv, logs, env=None):
         self.log_path = os.path.join(logs, f"{name}.log")
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([siesta, "--log-level", "info", *argv], stdout=self.log,
+        self.proc = subprocess.Popen([siesta, "--log-level", Process.log_level, *argv], stdout=self.log,
                                      stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.port = None
         end = time.monotonic() + 600
@@ -122,10 +125,15 @@ def main():
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--kv-cache-memory-bytes", default="8G")
     p.add_argument("--extra", default="", help="more siesta serve flags, space separated")
+    p.add_argument("--ipc-copy", default="", help="the ipc backend's ipc_copy (auto, kernel, copy_engine)")
+    p.add_argument("--keep-logs", default="", help="copy the processes' logs into this folder")
+    p.add_argument("--log-level", default="", help="siesta's --log-level for P, D and the colocated engine")
     p.add_argument("--out", default="")
     a = p.parse_args()
 
     logs = tempfile.mkdtemp(prefix="siesta-pd-bench-")
+    if a.log_level:
+        Process.log_level = a.log_level
     serve = ["serve", "--model", a.model, "--port", "0", "--kv-cache-memory-bytes",
              a.kv_cache_memory_bytes, "--max-model-len", str(a.prompt_tokens + a.max_tokens + 16), "--seed", "0",
              *a.extra.split()]
@@ -133,8 +141,10 @@ def main():
     d_device = ["--device", a.d_device or a.device]
 
     def cfg(role):
-        return json.dumps({"kv_connector": "SiestaConnector", "kv_role": role,
-                           "kv_connector_extra_config": {"backend": a.backend, "mode": a.mode}})
+        extra = {"backend": a.backend, "mode": a.mode}
+        if a.ipc_copy:
+            extra["ipc_copy"] = a.ipc_copy
+        return json.dumps({"kv_connector": "SiestaConnector", "kv_role": role, "kv_connector_extra_config": extra})
 
     procs = []
     try:
@@ -216,6 +226,10 @@ def main():
     finally:
         for proc in reversed(procs):
             proc.stop()
+        if a.keep_logs:
+            os.makedirs(a.keep_logs, exist_ok=True)
+            for name in os.listdir(logs):
+                shutil.copy(os.path.join(logs, name), a.keep_logs)
 
 
 if __name__ == "__main__":

@@ -190,11 +190,34 @@ std::vector<TopEntry> best_entries(const std::vector<float>& row, size_t n) {
   std::vector<TopEntry> top;
   top.reserve(n + 1);
   auto better = [](const TopEntry& a, const TopEntry& b) { return a.value > b.value || (a.value == b.value && a.id < b.id); };
-  for (size_t i = 0; i < row.size(); ++i) {
+  auto insert = [&](size_t i) {
     const TopEntry e{static_cast<int32_t>(i), sampler_value(row[i])};
-    if (top.size() == n && !better(e, top.back())) continue;
     top.insert(std::upper_bound(top.begin(), top.end(), e, better), e);
     if (top.size() > n) top.pop_back();
+  };
+  size_t i = 0;
+  for (; i < row.size() && top.size() < n; ++i) insert(i);
+  // Ids ascend, so a later entry beats the n-th best only with a strictly
+  // larger value (NaN never does; +inf always does, kept as the sampler sees it).
+  // Blocks of 64 whose largest value (a vectorised max; NaN drops out) does
+  // not pass the threshold are skipped whole.
+  float threshold = top.empty() ? 0.0f : top.back().value;
+  constexpr size_t kBlock = 64;
+  for (; i < row.size() && i % kBlock != 0; ++i)
+    if (row[i] > threshold) {
+      insert(i);
+      threshold = top.back().value;
+    }
+  for (; i < row.size(); i += kBlock) {
+    const size_t end = std::min(row.size(), i + kBlock);
+    float block_max = -std::numeric_limits<float>::infinity();
+    for (size_t k = i; k < end; ++k) block_max = row[k] > block_max ? row[k] : block_max;
+    if (!(block_max > threshold)) continue;
+    for (size_t k = i; k < end; ++k)
+      if (row[k] > threshold) {
+        insert(k);
+        threshold = top.back().value;
+      }
   }
   for (const TopEntry& e : top)
     if (e.value == -std::numeric_limits<float>::infinity()) return {};

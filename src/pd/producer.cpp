@@ -369,9 +369,16 @@ void Producer::run_write(const RequestId& id) {
   if (!entries) return fail_write(id, entries.error().message);
   const uint64_t bytes = static_cast<uint64_t>(m.blocks.size()) * kv.block_bytes;
   const Clock::time_point started = Clock::now();
-  auto xfer = ctx_.transfers.submit(m.consumer_engine, transfer::XferOp::kWrite, *entries,
-                                    encode(Written{m.consumer_request, bytes, logits, m.logits_top}), deadline);
+  // The notification (with the logits) is encoded while the bytes move.
+  auto xfer = ctx_.transfers.submit_notify_later(m.consumer_engine, transfer::XferOp::kWrite, *entries, deadline);
   if (!xfer) return fail_write(id, xfer.error().message);
+  const Clock::time_point submitted = Clock::now();
+  if (auto set = ctx_.transfers.set_notification(*xfer, encode(Written{m.consumer_request, bytes, logits, m.logits_top}));
+      !set)
+    SIESTA_LOG_DEBUG("pd: write of request {}: its notification was not set: {}", id, set.error().message);
+  SIESTA_LOG_DEBUG("pd: write of request {}: submitted in {} us, notification encoded in {} us", id,
+                   std::chrono::duration_cast<std::chrono::microseconds>(submitted - started).count(),
+                   std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - submitted).count());
   {
     std::lock_guard<std::mutex> lock(mu_);
     Send& s = sends_.at(id);  // kept while write_starting

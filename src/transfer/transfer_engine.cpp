@@ -47,6 +47,15 @@ struct XferRecord {
   bool backend_done = false;
   bool reported = false;  // a final status was handed to the user
   Clock::time_point data_at{};  // the backend moved the bytes (before any notification)
+  // submit_notify_later: the notification's payload, once set_notification
+  // gave it; and, while the data is in place and the payload is not, where
+  // the notification goes.
+  bool notify_later = false;
+  bool payload_given = false;
+  std::optional<std::string> late_payload;
+  bool data_waiting = false;
+  std::string notify_address;
+  Epoch notify_epoch;
 };
 
 bool add_overflows(uint64_t a, uint64_t b) { return a + b < a; }
@@ -67,6 +76,10 @@ class TransferEngine::Impl {
   EngineMeta metadata_locked() const;
   // The only place a peer's state changes.
   void transition_locked(Peer& peer, PeerEvent event, const Status* why);
+  // The backend is done with the transfer's local memory (in_flight ends).
+  void release_backend_locked(XferRecord& rec);
+  void send_notify(XferId id, const std::string& peer_id, const std::string& address, Epoch target_epoch,
+                   std::string payload, Deadline deadline);
   void on_data_done(XferId id, Ok result, std::optional<std::string> notify, std::string peer_id,
                     std::string address, Epoch target_epoch, XferOp op);
   void finish(XferId id, Ok result);
@@ -330,6 +343,38 @@ Result<EngineMeta> TransferEngine::peer_meta(const std::string& engine_id) const
 
 Result<XferId> TransferEngine::submit(const std::string& peer_id, XferOp op, const std::vector<XferEntry>& entries,
                                       std::optional<std::string> notify, Deadline deadline) {
+  return submit_impl(peer_id, op, entries, std::move(notify), false, deadline);
+}
+
+Result<XferId> TransferEngine::submit_notify_later(const std::string& peer_id, XferOp op,
+                                                   const std::vector<XferEntry>& entries, Deadline deadline) {
+  return submit_impl(peer_id, op, entries, std::nullopt, true, deadline);
+}
+
+Result<void> TransferEngine::set_notification(XferId id, std::string payload) {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  auto it = impl_->xfers.find(id);
+  if (it == impl_->xfers.end() || it->second.reported || !it->second.status.pending())
+    return not_found(fmt::format("transfer {} is not pending (unknown, or already final)", id.value));
+  XferRecord& rec = it->second;
+  if (!rec.notify_later || rec.payload_given)
+    return conflict(fmt::format("transfer {} takes no late notification, or has one already", id.value));
+  rec.payload_given = true;
+  if (!rec.data_waiting) {
+    rec.late_payload = std::move(payload);
+    return {};
+  }
+  rec.data_waiting = false;
+  const std::string peer_id = rec.peer, address = rec.notify_address;
+  const Epoch epoch = rec.notify_epoch;
+  const Deadline deadline = rec.deadline;
+  lock.unlock();
+  impl_->send_notify(id, peer_id, address, epoch, std::move(payload), deadline);
+  return {};
+}
+
+Result<XferId> TransferEngine::submit_impl(const std::string& peer_id, XferOp op, const std::vector<XferEntry>& entries,
+                                           std::optional<std::string> notify, bool notify_later, Deadline deadline) {
   if (entries.empty()) return invalid_argument("a transfer needs at least one entry");
   for (int attempt = 0;; ++attempt) {
     std::unique_lock<std::mutex> lock(impl_->mu);
@@ -389,6 +434,7 @@ Result<XferId> TransferEngine::submit(const std::string& peer_id, XferOp op, con
     rec.peer_generation = peer.generation;
     rec.deadline = deadline;
     rec.local_regions = std::move(used);
+    rec.notify_later = notify_later;
     impl_->xfers.emplace(id, std::move(rec));
     std::shared_ptr<BackendPeer> link = peer.link;
     std::string address = peer.address;
@@ -414,13 +460,36 @@ void TransferEngine::Impl::on_data_done(XferId id, Ok result, std::optional<std:
     std::lock_guard<std::mutex> lock(mu);
     auto it = xfers.find(id);
     deadline = it == xfers.end() ? Clock::now() : it->second.deadline;
-    if (it != xfers.end()) it->second.data_at = Clock::now();
+    if (it != xfers.end()) {
+      XferRecord& rec = it->second;
+      rec.data_at = Clock::now();
+      if (rec.notify_later) {
+        if (!rec.late_payload) {
+          // set_notification sends it when the payload comes. The backend is
+          // done with our memory already.
+          rec.data_waiting = true;
+          rec.notify_address = peer_address;
+          rec.notify_epoch = target_epoch;
+          release_backend_locked(rec);
+          if (rec.reported) xfers.erase(it);  // failed at its deadline and reported: nothing will come
+          xfer_cv.notify_all();
+          return;
+        }
+        notify = std::move(rec.late_payload);
+        rec.late_payload.reset();
+      }
+    }
   }
   if (!notify) {
     finish(id, {});
     return;
   }
-  NotifyMsg msg{config.engine_id, target_epoch, std::move(*notify)};
+  send_notify(id, peer_id, peer_address, target_epoch, std::move(*notify), deadline);
+}
+
+void TransferEngine::Impl::send_notify(XferId id, const std::string& peer_id, const std::string& peer_address,
+                                       Epoch target_epoch, std::string payload, Deadline deadline) {
+  NotifyMsg msg{config.engine_id, target_epoch, std::move(payload)};
   side_channel->request_then(peer_address, to_frame(msg), deadline, [this, id, peer_id](Result<Frame> answer) {
     if (!answer) {
       finish(id, answer.error().with_context(fmt::format("notifying peer {} (its data is in place)", peer_id)));
@@ -433,17 +502,21 @@ void TransferEngine::Impl::on_data_done(XferId id, Ok result, std::optional<std:
   });
 }
 
-void TransferEngine::Impl::finish(XferId id, Ok result) {
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = xfers.find(id);
-  if (it == xfers.end()) return;
-  XferRecord& rec = it->second;
+void TransferEngine::Impl::release_backend_locked(XferRecord& rec) {
   rec.backend_done = true;
   for (RegionId r : rec.local_regions) {
     auto rit = regions.find(r);
     if (rit != regions.end() && rit->second.in_flight > 0) rit->second.in_flight--;
   }
   rec.local_regions.clear();
+}
+
+void TransferEngine::Impl::finish(XferId id, Ok result) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = xfers.find(id);
+  if (it == xfers.end()) return;
+  XferRecord& rec = it->second;
+  release_backend_locked(rec);
   if (rec.status.pending()) {
     if (result) {
       rec.status = XferStatus::make_done();

@@ -101,6 +101,15 @@ class TransferEngine {
   // peer is handshaken again first. The transfer fails if not done by `deadline`.
   Result<XferId> submit(const std::string& peer, XferOp op, const std::vector<XferEntry>& entries,
                         std::optional<std::string> notify, Deadline deadline);
+  // As submit with a notification, whose payload set_notification(id, ...)
+  // gives later (e.g. encoded while the bytes move): it goes out once the
+  // bytes are in place and the payload is set. A transfer whose payload
+  // never comes fails at its deadline.
+  Result<XferId> submit_notify_later(const std::string& peer, XferOp op, const std::vector<XferEntry>& entries,
+                                     Deadline deadline);
+  // kNotFound when the transfer is not pending; kConflict when it was not
+  // submitted with submit_notify_later or has its payload already.
+  Result<void> set_notification(XferId id, std::string payload);
   // The transfer's status. A final status (done/failed) is reported once; the
   // id is forgotten afterwards (kNotFound on the next call).
   XferStatus poll(XferId id);
@@ -138,6 +147,8 @@ class TransferEngine {
   class Impl;
 
  private:
+  Result<XferId> submit_impl(const std::string& peer, XferOp op, const std::vector<XferEntry>& entries,
+                             std::optional<std::string> notify, bool notify_later, Deadline deadline);
   explicit TransferEngine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -524,6 +524,58 @@ TEST_P(TransferTwoProcess, NotificationsArriveAfterTheirData) {
   EXPECT_EQ(notes, "10 0") << "ok/bad notification checks on the peer";
 }
 
+TEST_P(TransferTwoProcess, ALateNotificationGoesOutAfterItsDataWhicheverComesFirst) {
+  // Odd i: the payload is set at once (usually before the bytes are in
+  // place); even i: after the transfer's data is done (it waits for it).
+  for (int i = 0; i < 6; ++i) {
+    size_t off = static_cast<size_t>(i) * 65536, len = 60000 - 13 * i;
+    fill_pattern(local_->data + off, len, 700 + i);
+    std::string note = fmt::format("check 0 {} {} {}", off + 5, len, fnv1a(local_->data + off, len));
+    auto id = engine_->submit_notify_later(peer_id_, XferOp::kWrite, {XferEntry{local_id_, off, remote_[0], off + 5, len}},
+                                           deadline_after(10000ms));
+    ASSERT_TRUE(id) << id.error().message;
+    if (i % 2 == 0) {
+      // Not final without its notification, however long the bytes took.
+      std::this_thread::sleep_for(50ms);
+      EXPECT_TRUE(engine_->poll(*id).pending()) << "final before its notification was set";
+    }
+    ASSERT_TRUE(engine_->set_notification(*id, note));
+    auto again = engine_->set_notification(*id, note);
+    ASSERT_FALSE(again) << "a second payload was taken";
+    EXPECT_TRUE(again.error().code == ErrorCode::kConflict || again.error().code == ErrorCode::kNotFound);
+    XferStatus st = engine_->wait(*id, deadline_after(15000ms));
+    ASSERT_TRUE(st.done()) << st.why.message;
+    EXPECT_LE(st.data_at, st.finished_at);
+  }
+  std::string notes;
+  for (int tries = 0; tries < 200; ++tries) {
+    notes = command("notes");
+    if (notes.rfind("6 ", 0) == 0) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(notes, "6 0") << "ok/bad notification checks on the peer";
+  // A transfer submitted with its notification takes no late one.
+  auto plain = engine_->submit(peer_id_, XferOp::kWrite, {XferEntry{local_id_, 0, remote_[0], 0, 64}}, std::nullopt,
+                               deadline_after(10000ms));
+  ASSERT_TRUE(plain);
+  auto refused = engine_->set_notification(*plain, "x");
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(refused.error().code == ErrorCode::kConflict || refused.error().code == ErrorCode::kNotFound);
+  EXPECT_TRUE(engine_->wait(*plain, deadline_after(15000ms)).done());
+}
+
+TEST_P(TransferTwoProcess, ALateNotificationThatNeverComesFailsAtTheDeadline) {
+  auto id = engine_->submit_notify_later(peer_id_, XferOp::kWrite, {XferEntry{local_id_, 0, remote_[0], 0, 4096}},
+                                         deadline_after(300ms));
+  ASSERT_TRUE(id) << id.error().message;
+  XferStatus st = engine_->wait(*id, deadline_after(5000ms));
+  ASSERT_TRUE(st.failed());
+  EXPECT_EQ(st.why.code, ErrorCode::kTimeout) << st.why.message;
+  // The bytes moved long ago: nothing holds the local region any more.
+  EXPECT_FALSE(engine_->in_flight(*id));
+  EXPECT_FALSE(engine_->set_notification(*id, "late"));
+}
+
 TEST_P(TransferTwoProcess, InvalidateAckDeregisterThenNewEpochHandshake) {
   ASSERT_TRUE(run(XferOp::kWrite, {XferEntry{local_id_, 0, remote_[0], 0, 4096}}).done());
   Epoch before = engine_->peer_meta(peer_id_)->epoch;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/log.h"
 #include "transfer/ipc/ipc_backend.h"
 #include "transfer/ipc/unix_socket.h"
 #include "transfer/region_table.h"
@@ -72,13 +73,19 @@ void IpcPeer::post(XferPlan plan, XferDone done) {
   }
   bool small = bytes <= (cuda ? kInlineCudaBytes : kInlineHostBytes);
   auto self = shared_from_this();
-  backend_.enqueue_copy([self, plan = std::move(plan), done = std::move(done)](bool stopping) {
+  const auto posted = Clock::now();
+  backend_.enqueue_copy([self, plan = std::move(plan), done = std::move(done), posted](bool stopping) {
+    const auto picked = Clock::now();
     Ok result = stopping ? Ok(unavailable("the transfer engine is shutting down")) : self->execute(plan);
     {
       std::lock_guard<std::mutex> lock(self->mu_);
       if (--self->in_flight_ == 0) self->idle_cv_.notify_all();
     }
+    const auto executed = Clock::now();
     done(std::move(result));
+    const auto us = [](auto d) { return std::chrono::duration_cast<std::chrono::microseconds>(d).count(); };
+    SIESTA_LOG_DEBUG("ipc: a copy waited {} us for the copy thread, ran {} us, its completion took {} us",
+                     us(picked - posted), us(executed - picked), us(Clock::now() - executed));
   }, small);
 }
 
@@ -120,6 +127,7 @@ Ok IpcPeer::execute(const XferPlan& plan) {
     std::lock_guard<std::mutex> lock(mu_);
     if (unmapped_) return unavailable(fmt::format("the memory of peer {} was released; handshake again", meta_.engine_id));
   }
+  const auto started = Clock::now();
   Ok before = check_peer(plan);
   if (!before) return before.error().with_context("nothing was copied");
 
@@ -149,7 +157,12 @@ Ok IpcPeer::execute(const XferPlan& plan) {
   }
   if (!by_kernel.empty() || !by_copy_engine.empty()) {
     backend_.log_cuda_copy_once(by_kernel.size(), by_copy_engine.size());
+    const auto copy_started = Clock::now();
     SIESTA_TRY(cuda_copy_pieces(by_kernel, by_copy_engine, cuda_device_));
+    const auto us = [](auto d) { return std::chrono::duration_cast<std::chrono::microseconds>(d).count(); };
+    SIESTA_LOG_DEBUG("ipc: {} with {}: {} pieces by the kernel, {} by cudaMemcpyAsync; checks {} us, copy {} us",
+                     xfer_op_name(plan.op), meta_.engine_id, by_kernel.size(), by_copy_engine.size(),
+                     us(copy_started - started), us(Clock::now() - copy_started));
   }
 
   Ok after = check_peer(plan);
