@@ -96,6 +96,10 @@ def median_rows(runs):
         for key in ("gb_per_s", "limit_gb_per_s", "p50_us", "p99_us"):
             row[key] = round(statistics.median(r[key] for r in per), 4)
         row["of_limit"] = round(statistics.median(r["gb_per_s"] / r["limit_gb_per_s"] for r in per), 3)
+        if "entries_limit_gb_per_s" in first:
+            row["entries_limit_gb_per_s"] = round(statistics.median(r["entries_limit_gb_per_s"] for r in per), 4)
+            row["of_entries_limit"] = round(
+                statistics.median(r["gb_per_s"] / r["entries_limit_gb_per_s"] for r in per), 3)
         row["verified"] = all(r["verified"] for r in per)
         rows.append(row)
     return rows
@@ -116,6 +120,9 @@ def run_case(siesta, name, sizes, batch, repeat=1, notes=None):
         start = r.stdout.index("[")  # UCX may print its own lines before the list
         runs.append(json.loads(r.stdout[start:r.stdout.rindex("]") + 1]))
     rows = runs[0] if repeat == 1 else median_rows(runs)
+    for row in rows:
+        if "entries_limit_gb_per_s" in row and "of_entries_limit" not in row:
+            row["of_entries_limit"] = round(row["gb_per_s"] / row["entries_limit_gb_per_s"], 3)
     doc = {
         "benchmark": "transfer",
         "case": name,
@@ -221,7 +228,9 @@ def main():
             ratio = row.get("of_limit", row["gb_per_s"] / row["limit_gb_per_s"])
             print(f"  {row['bytes']:>10} B  {row['gb_per_s']:8.3f} GB/s  limit {row['limit_gb_per_s']:8.3f}  "
                   f"{100 * ratio:4.0f}%  "
-                  f"p50 {row['p50_us']:9.1f} us  p99 {row['p99_us']:9.1f} us  verified {row['verified']}",
+                  f"p50 {row['p50_us']:9.1f} us  p99 {row['p99_us']:9.1f} us  verified {row['verified']}"
+                  + (f"  (of cudaMemcpy per entry {100 * row['of_entries_limit']:4.0f}%)"
+                     if "of_entries_limit" in row else ""),
                   file=sys.stderr)
     if docs:
         plot(docs, a.plot)

@@ -5,8 +5,10 @@
 // one and a copy of itself as the peer), with the limit measured in the same
 // run and every byte verified: src/transfer/transfer_bench.h says how. Prints
 // one table, or with --json a list with, per size, bytes, gb_per_s,
-// limit_gb_per_s, p50_us, p99_us and verified (and ipc_copy for ipc with CUDA
-// memory: --ipc-copy both gives a row per copy path, measured in the same rounds).
+// limit_gb_per_s, p50_us, p99_us and verified (and, for ipc with CUDA memory,
+// ipc_copy: --ipc-copy both gives a row per copy path, measured in the same
+// rounds; and entries_limit_gb_per_s: cudaMemcpy of the same entries one call
+// each, beside the limit's one call for all of a transfer's bytes).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -82,6 +84,8 @@ int run(const Flags& f) {
       const auto& r = report->rows[i];
       all_verified = all_verified && r.verified;
       std::string path = r.ipc_copy.empty() ? "" : fmt::format(", \"ipc_copy\": \"{}\"", r.ipc_copy);
+      if (r.entries_limit_gb_per_s > 0)
+        path += fmt::format(", \"entries_limit_gb_per_s\": {:.4f}", r.entries_limit_gb_per_s);
       std::cout << fmt::format(
           "  {{\"bytes\": {}, \"batch\": {}, \"op\": \"{}\", \"iterations\": {}, \"gb_per_s\": {:.4f}, "
           "\"limit_gb_per_s\": {:.4f}, \"p50_us\": {:.1f}, \"p99_us\": {:.1f}, \"verified\": {}{}}}{}\n",

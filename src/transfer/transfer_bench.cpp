@@ -396,6 +396,16 @@ Result<TransferBenchReport> run_transfer_bench(const TransferBenchOptions& o) {
       }
       return ipc::cuda_copy({{limit_dst->base(), limit_src->base(), per_xfer}}, o.cuda_device);
     };
+    // CUDA memory: also the same entries as separate copies, one each.
+    const bool entries_limit = !probe && o.memory == MemoryKind::kCuda;
+    auto entries_limit_once = [&]() -> Ok {
+      std::vector<ipc::CopyPiece> pieces;
+      for (size_t i = 0; i < o.batch; ++i)
+        pieces.push_back({limit_dst->base() + i * size, limit_src->base() + i * size, size});
+      return ipc::cuda_copy(pieces, o.cuda_device);
+    };
+    if (entries_limit)
+      for (int w = 0; w < 2; ++w) SIESTA_TRY(entries_limit_once());
     for (Initiator& in : initiators)
       for (int w = 0; w < 2; ++w) SIESTA_TRY(one_transfer(in));
     for (int w = 0; w < 2; ++w) SIESTA_TRY(limit_once());
@@ -404,7 +414,7 @@ Result<TransferBenchReport> run_transfer_bench(const TransferBenchOptions& o) {
     size_t rounds = std::min<size_t>(kRounds, iters);
     std::vector<std::vector<double>> latencies(initiators.size());
     std::vector<double> seconds(initiators.size(), 0.0);
-    double limit_seconds = 0;
+    double limit_seconds = 0, entries_limit_seconds = 0;
     for (size_t r = 0; r < rounds; ++r) {
       size_t n = iters * (r + 1) / rounds - iters * r / rounds;
       for (size_t k = 0; k < initiators.size(); ++k) {
@@ -418,6 +428,11 @@ Result<TransferBenchReport> run_transfer_bench(const TransferBenchOptions& o) {
       auto limit_start = Clock::now();
       for (size_t i = 0; i < n; ++i) SIESTA_TRY(limit_once());
       limit_seconds += std::chrono::duration<double>(Clock::now() - limit_start).count();
+      if (entries_limit) {
+        auto entries_start = Clock::now();
+        for (size_t i = 0; i < n; ++i) SIESTA_TRY(entries_limit_once());
+        entries_limit_seconds += std::chrono::duration<double>(Clock::now() - entries_start).count();
+      }
     }
 
     auto verify = [&]() -> Result<bool> {
@@ -443,6 +458,7 @@ Result<TransferBenchReport> run_transfer_bench(const TransferBenchOptions& o) {
       row.iterations = iters;
       row.gb_per_s = moved / seconds[k] / 1e9;
       row.limit_gb_per_s = moved / limit_seconds / 1e9;
+      if (entries_limit) row.entries_limit_gb_per_s = moved / entries_limit_seconds / 1e9;
       row.p50_us = percentile(latencies[k], 0.50);
       row.p99_us = percentile(latencies[k], 0.99);
       if (cuda_ipc) row.ipc_copy = initiators[k].ipc_copy;

@@ -61,6 +61,9 @@ struct TransferBenchRow {
   size_t iterations = 0;
   double gb_per_s = 0;
   double limit_gb_per_s = 0;
+  // ipc with CUDA memory: cudaMemcpy device-to-device of the same entries,
+  // one call each (the transfer's shape), in the same rounds; 0 otherwise.
+  double entries_limit_gb_per_s = 0;
   double p50_us = 0;
   double p99_us = 0;
   bool verified = false;
