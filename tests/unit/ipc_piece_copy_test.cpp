@@ -41,14 +41,17 @@ TEST(TransferIpcCopyPath, ParsesItsThreeNamesAndRefusesOthers) {
 }
 
 TEST(TransferIpcCopyPath, TheKernelOnlyWhereTheCopyingDeviceReachesBothEnds) {
-  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kThisDevice));
-  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kPeerDevice));
-  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kElsewhere));
-  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kThisDevice));
-  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kPeerDevice));
-  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kElsewhere));
+  const uint64_t block = 1792 << 10, large = kAutoKernelMaxPieceBytes;
+  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kThisDevice, block));
+  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kThisDevice, large - 1));
+  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kThisDevice, large));  // copy engines
+  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kPeerDevice, block));
+  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kElsewhere, block));
+  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kThisDevice, large * 4));
+  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kPeerDevice, block));
+  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kElsewhere, block));
   for (PieceEnds e : {PieceEnds::kThisDevice, PieceEnds::kPeerDevice, PieceEnds::kElsewhere})
-    EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kCopyEngine, e));
+    EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kCopyEngine, e, block));
 }
 
 TransferConfig engine_config(const std::string& id, const std::string& ipc_copy) {
