@@ -41,17 +41,14 @@ TEST(TransferIpcCopyPath, ParsesItsThreeNamesAndRefusesOthers) {
 }
 
 TEST(TransferIpcCopyPath, TheKernelOnlyWhereTheCopyingDeviceReachesBothEnds) {
-  const uint64_t block = 1792 << 10, large = kAutoKernelMaxPieceBytes;
-  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kThisDevice, block));
-  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kThisDevice, large - 1));
-  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kThisDevice, large));  // copy engines
-  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kPeerDevice, block));
-  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kElsewhere, block));
-  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kThisDevice, large * 4));
-  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kPeerDevice, block));
-  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kElsewhere, block));
+  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kThisDevice));
+  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kPeerDevice));
+  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kElsewhere));
+  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kThisDevice));
+  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kPeerDevice));
+  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kElsewhere));
   for (PieceEnds e : {PieceEnds::kThisDevice, PieceEnds::kPeerDevice, PieceEnds::kElsewhere})
-    EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kCopyEngine, e, block));
+    EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kCopyEngine, e));
 }
 
 TransferConfig engine_config(const std::string& id, const std::string& ipc_copy) {

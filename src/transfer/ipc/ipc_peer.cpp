@@ -152,7 +152,7 @@ Ok IpcPeer::execute(const XferPlan& plan) {
         local_devices.emplace_back(s.local_region, local_device);
       }
     }
-    bool kernel = copies_with_kernel(backend_.cuda_copy_path(), piece_ends(local_device, r), piece.bytes);
+    bool kernel = copies_with_kernel(backend_.cuda_copy_path(), piece_ends(local_device, r));
     (kernel ? by_kernel : by_copy_engine).push_back(piece);
   }
   if (!by_kernel.empty() || !by_copy_engine.empty()) {

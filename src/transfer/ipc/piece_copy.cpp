@@ -39,8 +39,8 @@ const char* cuda_copy_path_name(CudaCopyPath path) {
 const char* cuda_copy_path_rule(CudaCopyPath path) {
   switch (path) {
     case CudaCopyPath::kAuto:
-      return "one SM gather-kernel launch for the pieces under 16 MiB whose both ends are on the copying GPU, "
-             "one cudaMemcpyAsync per piece for the others (16 MiB or more, another GPU, host memory)";
+      return "one SM gather-kernel launch for the pieces whose both ends are on the copying GPU, one "
+             "cudaMemcpyAsync per piece for the others (another GPU, host memory)";
     case CudaCopyPath::kKernel:
       return "one SM gather-kernel launch for the pieces whose both ends the copying GPU addresses (its own "
              "memory, or another GPU's through peer access), one cudaMemcpyAsync per piece for the others";
@@ -50,10 +50,10 @@ const char* cuda_copy_path_rule(CudaCopyPath path) {
   return "?";
 }
 
-bool copies_with_kernel(CudaCopyPath path, PieceEnds ends, uint64_t bytes) {
+bool copies_with_kernel(CudaCopyPath path, PieceEnds ends) {
   switch (path) {
     case CudaCopyPath::kAuto:
-      return ends == PieceEnds::kThisDevice && bytes < kAutoKernelMaxPieceBytes;
+      return ends == PieceEnds::kThisDevice;
     case CudaCopyPath::kKernel:
       return ends != PieceEnds::kElsewhere;
     case CudaCopyPath::kCopyEngine:

@@ -47,20 +47,12 @@ enum class PieceEnds : uint8_t {
   kElsewhere,   // host memory, or memory it cannot address
 };
 
-// Pieces this large or larger go to the copy engines under kAuto: on the H200
-// one cudaMemcpyAsync moved 64 MiB pieces at 1.2-1.5 TB/s where the kernel
-// varied between 0.9 and 1.4 (equal at 16 MiB; the kernel is 4x faster for
-// the 1.75 MiB blocks of a KV cache).
-inline constexpr uint64_t kAutoKernelMaxPieceBytes = uint64_t{16} << 20;
-
-// Whether `path` copies a piece of `bytes` whose ends are `ends` with the
-// kernel. kAuto: pieces on the copying device below kAutoKernelMaxPieceBytes.
-// Across GPUs (kPeerDevice) only when asked for (kKernel): over NVLink the
-// kernel moved 1.75 MiB pieces faster than the copy engines (324-343 against
-// 210-239 GB/s, `scripts/device-check --two-gpus`), other shapes are not
-// measured there, and over PCIe SM loads from a peer are known to trail the
-// copy engines.
-bool copies_with_kernel(CudaCopyPath path, PieceEnds ends, uint64_t bytes);
+// Whether `path` copies a piece whose ends are `ends` with the kernel. Across
+// GPUs (kPeerDevice) only when asked for (kKernel): the kernel has not been
+// measured against the copy engines there yet (`scripts/device-check
+// --two-gpus` compares them), and over PCIe, SM loads from a peer are known to
+// trail the copy engines.
+bool copies_with_kernel(CudaCopyPath path, PieceEnds ends);
 
 // Copies `by_kernel` with one gather-kernel launch on `device` (after its piece
 // table is uploaded), then `by_copy_engine` with cudaMemcpyAsync, on one
