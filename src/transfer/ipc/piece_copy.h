@@ -48,10 +48,10 @@ enum class PieceEnds : uint8_t {
 };
 
 // Whether `path` copies a piece whose ends are `ends` with the kernel. Across
-// GPUs (kPeerDevice) only when asked for (kKernel): the kernel has not been
-// measured against the copy engines there yet (`scripts/device-check
-// --two-gpus` compares them), and over PCIe, SM loads from a peer are known to
-// trail the copy engines.
+// GPUs (kPeerDevice) only when asked for (kKernel): over NVLink the kernel
+// moved 1.75 MiB KV blocks faster than the copy engines (`scripts/device-check
+// --two-gpus`), other shapes are not measured there, and over PCIe SM loads
+// from a peer are known to trail the copy engines.
 bool copies_with_kernel(CudaCopyPath path, PieceEnds ends);
 
 // Copies `by_kernel` with one gather-kernel launch on `device` (after its piece
