@@ -17,18 +17,6 @@ namespace {
 constexpr size_t kRequestFixedBytes = 8 + 8 + 8 + 4;  // initiator, token, epoch, count
 constexpr size_t kRangeBytes = 8 + 4 + 8 + 8;         // region, slot, offset, bytes
 
-// A message left: its answer may come before or after this.
-void on_message_sent(void* request, ucs_status_t status, void* user_data) {
-  auto* x = static_cast<UcxXfer*>(user_data);
-  ucp_request_free(request);
-  if (x->orphaned) {
-    if (--x->outstanding == 0) x->backend->drop_orphan(x);
-    return;
-  }
-  if (status != UCS_OK && !x->failure)
-    x->failure = ucx_error(fmt::format("UCX operation with peer {}", x->peer->meta().engine_id).c_str(), status);
-  if (--x->outstanding == 0) x->peer->advance_later(x);
-}
 
 // Ranges per message: what our worker's largest header holds, at most kGuardedMaxRanges.
 size_t ranges_per_message(size_t max_am_header) {
@@ -83,7 +71,7 @@ void UcxPeer::send_guarded(UcxXfer* x) {
     m.header = encode_guarded_request(GuardedRequest{initiator_key_, m.token, meta_.epoch, std::move(m.ranges)});
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    p.cb.send = on_message_sent;
+    p.cb.send = on_xfer_request_done;  // a message left; its answer may come before or after
     p.user_data = x;
     p.flags = UCP_AM_SEND_FLAG_EAGER;  // the peer copies in its handler: never a rendezvous
     if (write) {

@@ -23,17 +23,6 @@ namespace {
 
 constexpr auto kReleaseGrace = std::chrono::milliseconds(1000);
 
-void on_request_done(void* request, ucs_status_t status, void* user_data) {
-  auto* x = static_cast<UcxXfer*>(user_data);
-  ucp_request_free(request);
-  if (x->orphaned) {
-    if (--x->outstanding == 0) x->backend->drop_orphan(x);
-    return;
-  }
-  if (status != UCS_OK && !x->failure)
-    x->failure = ucx_error(fmt::format("UCX operation with peer {}", x->peer->meta().engine_id).c_str(), status);
-  if (--x->outstanding == 0) x->peer->advance_later(x);
-}
 
 void on_ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
   auto* ctx = static_cast<EndpointContext*>(arg);
@@ -275,7 +264,7 @@ namespace {
 ucp_request_param_t request_param(UcxXfer* x) {
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  p.cb.send = on_request_done;
+  p.cb.send = on_xfer_request_done;
   p.user_data = x;
   return p;
 }
@@ -515,6 +504,18 @@ Ok UcxPeer::release(Deadline deadline) {
     return timeout(fmt::format("closing the UCX endpoint to peer {} did not finish before the deadline",
                                meta_.engine_id));
   return {};
+}
+
+void on_xfer_request_done(void* request, ucs_status_t status, void* user_data) {
+  auto* x = static_cast<UcxXfer*>(user_data);
+  ucp_request_free(request);
+  if (x->orphaned) {
+    if (--x->outstanding == 0) x->backend->drop_orphan(x);
+    return;
+  }
+  if (status != UCS_OK && !x->failure)
+    x->failure = ucx_error(fmt::format("UCX operation with peer {}", x->peer->meta().engine_id).c_str(), status);
+  if (--x->outstanding == 0) x->peer->advance_later(x);
 }
 
 }  // namespace siesta::transfer::ucx

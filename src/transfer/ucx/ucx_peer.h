@@ -158,6 +158,11 @@ struct UcxXfer {
   bool staged() const { return !pieces.empty(); }
 };
 
+// The UCX completion callback of a transfer's request (user_data: the
+// UcxXfer): frees the request, records a failure, and advances the transfer
+// when it was the last one outstanding (an orphaned transfer is dropped then).
+void on_xfer_request_done(void* request, ucs_status_t status, void* user_data);
+
 class UcxPeer final : public BackendPeer, public std::enable_shared_from_this<UcxPeer> {
  public:
   // guarded_bytes: the largest guarded message the peer serves (0: none).
