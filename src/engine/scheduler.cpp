@@ -300,11 +300,16 @@ Result<RemoteKvTarget> Scheduler::await_remote_kv(const RequestId& id) {
   return RemoteKvTarget{req->block_table, prefix.num_tokens};
 }
 
-Result<void> Scheduler::finish_remote_kv(const RequestId& id, bool loaded, bool hold_blocks) {
+Result<Request*> Scheduler::waiting_for_remote_kv(const RequestId& id) {
   Request* req = lookup(id);
   if (!req) return not_found("request '" + id + "' is not waiting (unknown or already finished)");
   if (req->state != RequestState::kWaitingForRemoteKv)
     return conflict("request '" + id + "' is not waiting for remote KV (state " + state_name(req->state) + ")");
+  return req;
+}
+
+Result<void> Scheduler::finish_remote_kv(const RequestId& id, bool loaded, bool hold_blocks) {
+  SIESTA_ASSIGN_OR_RETURN(Request* req, waiting_for_remote_kv(id));
   if (loaded) {
     // The last prompt token is computed again for its logits.
     req->num_computed_tokens = req->num_prompt_tokens - 1;
@@ -322,10 +327,7 @@ Result<void> Scheduler::finish_remote_kv(const RequestId& id, bool loaded, bool 
 }
 
 Result<RequestOutput> Scheduler::finish_remote_kv_sampled(const RequestId& id, const SampledToken& first) {
-  Request* req = lookup(id);
-  if (!req) return not_found("request '" + id + "' is not waiting (unknown or already finished)");
-  if (req->state != RequestState::kWaitingForRemoteKv)
-    return conflict("request '" + id + "' is not waiting for remote KV (state " + state_name(req->state) + ")");
+  SIESTA_ASSIGN_OR_RETURN(Request* req, waiting_for_remote_kv(id));
   if (req->num_output_tokens() != 0)
     return conflict("request '" + id + "' already has generated tokens; its first cannot come from a remote load");
   if (options_.vocab_size > 0 && (first.token < 0 || first.token >= options_.vocab_size))

@@ -140,6 +140,8 @@ class Scheduler {
   Scheduler(const SchedulerOptions& options, BlockPool& pool);
 
   Request* lookup(const RequestId& id);
+  // The request, if it is waiting for remote KV (kNotFound / kConflict otherwise).
+  Result<Request*> waiting_for_remote_kv(const RequestId& id);
   void add_to_batch(SchedulerOutput& out, Request& req, int32_t num_new_tokens);
   void preempt(Request& req, SchedulerOutput* out);
   // Applies a finishing event, releases the request and forgets it.
