@@ -127,7 +127,7 @@ void add_bench_transfer_command(CLI::App& bench) {
   cmd->add_option("--sizes", f->sizes, "Entry sizes, comma separated (K, M, G: powers of 1024)")->capture_default_str();
   cmd->add_option("--batch", f->batch, "Entries per transfer")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--op", f->op, "write | read")->check(CLI::IsMember({"write", "read"}))->capture_default_str();
-  cmd->add_option("--iters", f->iterations, "Timed transfers per size (default: about 512 MiB worth, 5 to 500)");
+  cmd->add_option("--iters", f->iterations, "Timed transfers per size (default: about 512 MiB worth, 8 GiB for ipc of CUDA memory; 5 to 2000)");
   cmd->add_option("--ucx-transports", f->ucx_transports, "UCX_TLS of both processes (ucx)")->capture_default_str();
   cmd->add_option("--ucx-net-devices", f->ucx_net_devices, "UCX_NET_DEVICES of both processes (ucx)")
       ->capture_default_str();

@@ -23,6 +23,8 @@
 
 #ifdef SIESTA_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "transfer/ipc/gather_copy.h"
 #endif
 
 namespace siesta::transfer::ipc {
@@ -69,6 +71,42 @@ TEST(TransferIpcCopyPath, AnEngineRefusesAnUnknownIpcCopy) {
 }
 
 #ifdef SIESTA_HAVE_CUDA
+
+// The kernel's shares: equal, 256-byte multiples, every byte in exactly one,
+// no CTA beyond the grid or without bytes; tiny transfers take few CTAs,
+// thousands of tiny pieces many.
+TEST(TransferIpcGatherShare, EqualSharesCoverEveryByteOnce) {
+  for (uint64_t total : {uint64_t{1}, uint64_t{255}, uint64_t{4096}, uint64_t{16} << 10, (uint64_t{16} << 10) + 1,
+                         uint64_t{4} << 20, (uint64_t{448} << 20) + 12345, uint64_t{1} << 36}) {
+    for (uint64_t pieces : {uint64_t{1}, uint64_t{4}, uint64_t{256}, uint64_t{20000}}) {
+      for (int grid : {1, 7, 396}) {
+        SCOPED_TRACE(std::to_string(total) + " bytes, " + std::to_string(pieces) + " pieces, grid " +
+                     std::to_string(grid));
+        GatherShare s = gather_share(total, pieces, grid);
+        EXPECT_EQ(s.total, total);
+        ASSERT_GE(s.ctas, 1);
+        EXPECT_LE(s.ctas, grid);
+        EXPECT_EQ(s.per_cta % 256, 0u);
+        // CTA b copies [b * per_cta, min(total, (b + 1) * per_cta)): all of it, none empty.
+        EXPECT_GE(static_cast<uint64_t>(s.ctas) * s.per_cta, total);
+        EXPECT_LT(static_cast<uint64_t>(s.ctas - 1) * s.per_cta, total);
+        // Equal: no CTA holds more than its fair part plus the rounding.
+        EXPECT_LE(s.per_cta, (total + s.ctas - 1) / s.ctas + 255);
+        if (pieces > total) continue;  // every piece has a byte or more
+        if (total <= (uint64_t{16} << 10) && pieces <= 8) {
+          EXPECT_EQ(s.ctas, 1);
+        }
+        // Large transfers, or many pieces: the whole grid, less what rounding to 256 bytes takes.
+        const uint64_t wanted = std::max((total + (16 << 10) - 1) / (16 << 10), (pieces + 7) / 8);
+        if (wanted >= static_cast<uint64_t>(grid)) {
+          EXPECT_GE(static_cast<uint64_t>(s.ctas) + 1 + static_cast<uint64_t>(grid) * grid * 256 / total,
+                    static_cast<uint64_t>(grid));
+        }
+      }
+    }
+  }
+  EXPECT_EQ(gather_share(0, 0, 396).ctas, 0);
+}
 
 std::string no_gpu_reason() {
   int n = 0;
@@ -242,6 +280,51 @@ TEST(TransferIpcPieceCopy, ManyTinyPiecesAndPiecesOfNoBytes) {
   EXPECT_TRUE(cuda_copy_pieces({}, {}, 0));
   std::vector<CopyPiece> empty = {{dst.data, src.data, 0}, {dst.data + 1, src.data + 1, 0}};
   EXPECT_TRUE(cuda_copy_pieces(empty, empty, 0));
+}
+
+// Up to kGatherFewPieces pieces travel in a small launch, up to
+// kGatherManyPieces in a large one, more in an uploaded table: both sides of
+// each line, with pieces of many
+// chunks each (a chunk finds its piece by binary search) and with zero-byte
+// pieces among them, which take no entry.
+TEST(TransferIpcPieceCopy, PiecesInTheLaunchParametersAndJustTooMany) {
+  SIESTA_REQUIRE_GPU();
+  std::mt19937_64 rng(31337);
+  for (size_t count : {size_t{1}, size_t{2}, size_t{17}, size_t{kGatherFewPieces - 1}, size_t{kGatherFewPieces},
+                       size_t{kGatherFewPieces + 1}, size_t{kGatherManyPieces}, size_t{kGatherManyPieces + 1}}) {
+    SCOPED_TRACE("pieces: " + std::to_string(count));
+    size_t src_bytes = 0, dst_bytes = 0;
+    std::vector<Span> spans = random_layout(rng, count, &src_bytes, &dst_bytes);
+    DeviceBuffer src(src_bytes), dst(dst_bytes);
+    ASSERT_NE(src.data, nullptr);
+    ASSERT_NE(dst.data, nullptr);
+    copy_and_check(rng, spans, src.data, src_bytes, dst.data, dst_bytes, 1.0);
+  }
+  // Large pieces: a few MiB each and odd, so that each spans several chunks.
+  for (size_t count : {size_t{3}, size_t{kGatherFewPieces}}) {
+    SCOPED_TRACE("large pieces: " + std::to_string(count));
+    std::vector<Span> spans;
+    size_t cursor = 0;
+    for (size_t i = 0; i < count; ++i) {
+      size_t bytes = (size_t{1} << 20) * (1 + i % 5) + 16 * i + (i % 3);
+      spans.push_back({cursor, cursor + (i % 4), bytes});
+      cursor += bytes + 64;
+    }
+    std::shuffle(spans.begin(), spans.end(), rng);
+    DeviceBuffer src(cursor + 16), dst(cursor + 16);
+    ASSERT_NE(src.data, nullptr);
+    ASSERT_NE(dst.data, nullptr);
+    copy_and_check(rng, spans, src.data, cursor + 16, dst.data, cursor + 16, 1.0);
+  }
+  // Zero-byte pieces between real ones do not count against the parameters.
+  DeviceBuffer src(1 << 20), dst(1 << 20);
+  ASSERT_NE(src.data, nullptr);
+  ASSERT_NE(dst.data, nullptr);
+  std::vector<Span> spans;
+  for (size_t i = 0; i < kGatherFewPieces; ++i) spans.push_back({i * 4096, i * 4096, 4000 + i});
+  for (size_t i = 0; i < 3 * kGatherFewPieces; ++i) spans.push_back({i, i, 0});
+  std::shuffle(spans.begin(), spans.end(), rng);
+  copy_and_check(rng, spans, src.data, 1 << 20, dst.data, 1 << 20, 1.0);
 }
 
 // The memory the ipc backend copies between: cuMem allocations, one side

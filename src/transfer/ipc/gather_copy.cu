@@ -1,6 +1,7 @@
 // The gather-copy kernel (gather_copy.h says what it does and what it needs).
 #include "transfer/ipc/gather_copy.h"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace siesta::transfer::ipc {
@@ -59,28 +60,66 @@ __device__ __forceinline__ void copy_words(char* d, const char* s, uint64_t n) {
   for (uint64_t j = tail + t; j < n; j += stride) d[j] = s[j];
 }
 
-__global__ __launch_bounds__(kGatherThreads) void gather_copy_kernel(const GatherPiece* __restrict__ pieces,
-                                                                     const uint32_t* __restrict__ chunk_piece,
-                                                                     uint32_t chunks, uint64_t chunk_bytes) {
-  for (uint32_t c = blockIdx.x; c < chunks; c += gridDim.x) {
-    const GatherPiece p = pieces[chunk_piece[c]];
-    const uint64_t begin = static_cast<uint64_t>(c - p.first_chunk) * chunk_bytes;
-    const uint64_t rest = p.bytes - begin;
-    const uint64_t n = rest < chunk_bytes ? rest : chunk_bytes;
-    char* d = p.dst + begin;
-    const char* s = p.src + begin;
-    // The same branch for the whole CTA: it depends on the chunk only.
-    const uintptr_t apart = reinterpret_cast<uintptr_t>(d) ^ reinterpret_cast<uintptr_t>(s);
-    if ((apart & 15) == 0) {
-      copy_words<uint4>(d, s, n);
-    } else if ((apart & 7) == 0) {
-      copy_words<uint2>(d, s, n);
-    } else if ((apart & 3) == 0) {
-      copy_words<unsigned int>(d, s, n);
+// The CTA copies n bytes of piece p from byte `offset` of it.
+__device__ __forceinline__ void copy_segment(const GatherPiece& p, uint64_t offset, uint64_t n) {
+  char* d = p.dst + offset;
+  const char* s = p.src + offset;
+  // The same branch for the whole CTA: it depends on the segment only.
+  const uintptr_t apart = reinterpret_cast<uintptr_t>(d) ^ reinterpret_cast<uintptr_t>(s);
+  if ((apart & 15) == 0) {
+    copy_words<uint4>(d, s, n);
+  } else if ((apart & 7) == 0) {
+    copy_words<uint2>(d, s, n);
+  } else if ((apart & 3) == 0) {
+    copy_words<unsigned int>(d, s, n);
+  } else {
+    copy_words<unsigned char>(d, s, n);
+  }
+}
+
+// The CTA's share of the whole, piece after piece, from the piece it starts
+// in: the last one whose `begin` is at most the share's first byte.
+template <class Pieces>
+__device__ __forceinline__ void copy_share(const Pieces& pieces, uint32_t count, uint64_t total, uint64_t per_cta) {
+  uint64_t lo = static_cast<uint64_t>(blockIdx.x) * per_cta;
+  if (lo >= total) return;
+  const uint64_t hi = lo + per_cta < total ? lo + per_cta : total;
+  uint32_t first = 0, last = count - 1;
+  while (first < last) {
+    const uint32_t mid = (first + last + 1) / 2;
+    if (pieces[mid].begin <= lo) {
+      first = mid;
     } else {
-      copy_words<unsigned char>(d, s, n);
+      last = mid - 1;
     }
   }
+  for (uint32_t k = first; lo < hi && k < count; ++k) {
+    const GatherPiece p = pieces[k];
+    const uint64_t end = p.begin + p.bytes < hi ? p.begin + p.bytes : hi;
+    copy_segment(p, lo - p.begin, end - lo);
+    lo = end;
+  }
+}
+
+__global__ __launch_bounds__(kGatherThreads) void gather_copy_kernel(const GatherPiece* __restrict__ pieces,
+                                                                     uint32_t count, uint64_t total,
+                                                                     uint64_t per_cta) {
+  copy_share(pieces, count, total, per_cta);
+}
+
+template <int N>
+__global__ __launch_bounds__(kGatherThreads) void gather_copy_param_kernel(const __grid_constant__ GatherParams<N> t) {
+  copy_share(t.piece, t.pieces, t.total, t.per_cta);
+}
+
+template <int N>
+cudaError_t launch_with_params(const GatherParams<N>& params, int ctas, cudaStream_t stream) {
+  if (params.total == 0) return cudaSuccess;
+  if (ctas <= 0 || params.pieces == 0 || params.pieces > static_cast<uint32_t>(N) || params.per_cta == 0)
+    return cudaErrorInvalidConfiguration;
+  void* args[] = {const_cast<GatherParams<N>*>(&params)};
+  return cudaLaunchKernel(reinterpret_cast<const void*>(&gather_copy_param_kernel<N>),
+                          dim3(static_cast<unsigned>(ctas)), dim3(kGatherThreads), args, 0, stream);
 }
 
 }  // namespace
@@ -89,13 +128,38 @@ cudaError_t gather_copy_ctas_per_sm(int* ctas) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, gather_copy_kernel, kGatherThreads, 0);
 }
 
-cudaError_t launch_gather_copy(const GatherPiece* pieces, const uint32_t* chunk_piece, uint32_t chunks,
-                               uint64_t chunk_bytes, int ctas, cudaStream_t stream) {
-  if (chunks == 0) return cudaSuccess;
-  if (ctas <= 0) return cudaErrorInvalidConfiguration;
-  void* args[] = {&pieces, &chunk_piece, &chunks, &chunk_bytes};
-  return cudaLaunchKernel(reinterpret_cast<const void*>(&gather_copy_kernel), dim3(static_cast<unsigned>(ctas)),
+GatherShare gather_share(uint64_t total, uint64_t pieces, int ctas_max) {
+  constexpr uint64_t kMinShare = uint64_t{16} << 10;
+  constexpr uint64_t kPiecesPerCta = 8;
+  constexpr uint64_t kAlign = 256;
+  GatherShare share;
+  share.total = total;
+  if (total == 0 || ctas_max <= 0) return share;
+  // 16 KiB or more each, but no CTA walks through many more than 8 pieces
+  // where the device has CTAs to spare (thousands of tiny pieces).
+  uint64_t ctas = std::max((total + kMinShare - 1) / kMinShare, (pieces + kPiecesPerCta - 1) / kPiecesPerCta);
+  if (ctas > static_cast<uint64_t>(ctas_max)) ctas = static_cast<uint64_t>(ctas_max);
+  share.per_cta = ((total + ctas - 1) / ctas + kAlign - 1) / kAlign * kAlign;
+  share.ctas = static_cast<int>((total + share.per_cta - 1) / share.per_cta);
+  return share;
+}
+
+cudaError_t launch_gather_copy(const GatherPiece* pieces, uint32_t count, const GatherShare& share,
+                               cudaStream_t stream) {
+  if (share.total == 0) return cudaSuccess;
+  if (share.ctas <= 0 || count == 0 || share.per_cta == 0) return cudaErrorInvalidConfiguration;
+  uint64_t total = share.total, per_cta = share.per_cta;
+  void* args[] = {&pieces, &count, &total, &per_cta};
+  return cudaLaunchKernel(reinterpret_cast<const void*>(&gather_copy_kernel), dim3(static_cast<unsigned>(share.ctas)),
                           dim3(kGatherThreads), args, 0, stream);
+}
+
+cudaError_t launch_gather_copy(const GatherParams<kGatherFewPieces>& params, int ctas, cudaStream_t stream) {
+  return launch_with_params(params, ctas, stream);
+}
+
+cudaError_t launch_gather_copy(const GatherParams<kGatherManyPieces>& params, int ctas, cudaStream_t stream) {
+  return launch_with_params(params, ctas, stream);
 }
 
 }  // namespace siesta::transfer::ipc

@@ -98,6 +98,10 @@ class IpcBackend final : public TransferBackend {
   std::deque<std::function<void(bool)>> copies_;
   bool stopping_ = false;
   bool copying_ = false;  // the copy thread is running a copy
+  // Whether copies_ or stopping_ has news for the copy thread, readable
+  // without the lock: the thread polls it for a while after each copy
+  // (kCopySpin) before it sleeps on copy_cv_.
+  std::atomic<bool> copy_news_{false};
   std::thread copy_thread_;
 };
 

@@ -50,7 +50,9 @@ class IpcPeer final : public BackendPeer, public std::enable_shared_from_this<Ip
   Ok execute(const XferPlan& plan);
   // Where a piece between our memory (on `local_device`, -1: host) and `remote` is.
   PieceEnds piece_ends(int local_device, const ImportedRegion& remote) const;
-  Ok check_peer(const XferPlan& plan) const;
+  // That every remote region of `plan` is live at the epoch we mapped, and
+  // with `alive`, that the peer's socket is still open.
+  Ok check_peer(const XferPlan& plan, bool alive) const;
   void unmap_locked();
 
   IpcBackend& backend_;

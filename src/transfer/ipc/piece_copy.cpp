@@ -66,12 +66,6 @@ bool copies_with_kernel(CudaCopyPath path, PieceEnds ends) {
 
 namespace {
 
-// A kernel chunk costs two dependent loads (its piece, then the piece's
-// bounds) before its first byte moves, so chunks are at least 16 KiB; they
-// are sized for about four per CTA, so that the CTAs end together.
-constexpr uint64_t kMinChunkBytes = uint64_t{16} << 10;
-constexpr uint64_t kMaxChunkBytes = uint64_t{4} << 20;
-constexpr uint64_t kChunksPerCta = 4;
 constexpr size_t kMinTableBytes = size_t{64} << 10;
 
 Status cuda_rt_error(const std::string& what, cudaError_t e) {
@@ -196,9 +190,24 @@ Ok copy_engines(std::span<const CopyPiece> pieces, cudaStream_t stream) {
   return {};
 }
 
-// Uploads the piece table of `pieces` and launches the kernel; false in
-// `*launched` when the kernel has no code for this device (nothing enqueued
-// but the upload).
+// The launch parameters of `pieces` (no more than N of them with bytes).
+template <int N>
+void fill_params(std::span<const CopyPiece> pieces, const GatherShare& share, GatherParams<N>* params) {
+  params->pieces = 0;
+  params->total = share.total;
+  params->per_cta = share.per_cta;
+  uint64_t begin = 0;
+  for (const CopyPiece& p : pieces) {
+    if (p.bytes == 0) continue;
+    params->piece[params->pieces++] =
+        GatherPiece{static_cast<const char*>(p.src), static_cast<char*>(p.dst), p.bytes, begin};
+    begin += p.bytes;
+  }
+}
+
+// Launches the kernel over `pieces`, their table in the launch's parameters
+// (up to kGatherManyPieces) or uploaded first; false in `*launched` when the
+// kernel has no code for this device (nothing enqueued but the upload).
 Ok gather_kernel(std::span<const CopyPiece> pieces, bool* launched) {
   *launched = false;
   size_t n = 0;
@@ -212,36 +221,37 @@ Ok gather_kernel(std::span<const CopyPiece> pieces, bool* launched) {
     *launched = true;
     return {};
   }
+  if (n > std::numeric_limits<uint32_t>::max())
+    return invalid_argument(fmt::format("{} pieces are too many for one gather-kernel launch", n));
   SIESTA_ASSIGN_OR_RETURN(int grid, t_copy.full_grid());
-  uint64_t chunk_bytes = total / (static_cast<uint64_t>(grid) * kChunksPerCta);
-  chunk_bytes = std::clamp((chunk_bytes + 4095) / 4096 * 4096, kMinChunkBytes, kMaxChunkBytes);
-  uint64_t chunks = 0;
-  for (const CopyPiece& p : pieces) chunks += (p.bytes + chunk_bytes - 1) / chunk_bytes;
-  if (chunks > std::numeric_limits<uint32_t>::max())
-    return invalid_argument(fmt::format("{} pieces of {} bytes make too many chunks for one kernel launch", n, total));
-
-  // The table: the pieces (32 bytes each), then the piece of every chunk.
-  const size_t piece_bytes = n * sizeof(GatherPiece);
-  const size_t table_bytes = piece_bytes + chunks * sizeof(uint32_t);
-  SIESTA_ASSIGN_OR_RETURN(char* host, t_copy.host_table(table_bytes));
-  SIESTA_ASSIGN_OR_RETURN(char* device, t_copy.device_table(table_bytes));
-  auto* table = reinterpret_cast<GatherPiece*>(host);
-  auto* chunk_piece = reinterpret_cast<uint32_t*>(host + piece_bytes);
-  uint32_t k = 0;
-  uint32_t c = 0;
-  for (const CopyPiece& p : pieces) {
-    if (p.bytes == 0) continue;
-    table[k] = GatherPiece{static_cast<const char*>(p.src), static_cast<char*>(p.dst), p.bytes, c, 0};
-    for (uint64_t end = c + (p.bytes + chunk_bytes - 1) / chunk_bytes; c < end; ++c) chunk_piece[c] = k;
-    ++k;
-  }
+  const GatherShare share = gather_share(total, n, grid);
   cudaStream_t stream = t_copy.stream();
-  cudaError_t e = cudaMemcpyAsync(device, host, table_bytes, cudaMemcpyHostToDevice, stream);
-  if (e != cudaSuccess) return cuda_rt_error("uploading the gather kernel's piece table", e);
-  int ctas = static_cast<int>(std::min<uint64_t>(chunks, static_cast<uint64_t>(grid)));
-  e = launch_gather_copy(reinterpret_cast<const GatherPiece*>(device),
-                         reinterpret_cast<const uint32_t*>(device + piece_bytes), static_cast<uint32_t>(chunks),
-                         chunk_bytes, ctas, stream);
+  cudaError_t e = cudaSuccess;
+  if (n <= static_cast<size_t>(kGatherFewPieces)) {
+    // Few pieces: in the launch's parameters, nothing to upload first.
+    GatherParams<kGatherFewPieces> params;
+    fill_params(pieces, share, &params);
+    e = launch_gather_copy(params, share.ctas, stream);
+  } else if (n <= static_cast<size_t>(kGatherManyPieces)) {
+    static thread_local GatherParams<kGatherManyPieces> params;  // 31 KiB: not on the stack
+    fill_params(pieces, share, &params);
+    e = launch_gather_copy(params, share.ctas, stream);
+  } else {
+    const size_t table_bytes = n * sizeof(GatherPiece);
+    SIESTA_ASSIGN_OR_RETURN(char* host, t_copy.host_table(table_bytes));
+    SIESTA_ASSIGN_OR_RETURN(char* device, t_copy.device_table(table_bytes));
+    auto* table = reinterpret_cast<GatherPiece*>(host);
+    uint64_t begin = 0;
+    size_t k = 0;
+    for (const CopyPiece& p : pieces) {
+      if (p.bytes == 0) continue;
+      table[k++] = GatherPiece{static_cast<const char*>(p.src), static_cast<char*>(p.dst), p.bytes, begin};
+      begin += p.bytes;
+    }
+    e = cudaMemcpyAsync(device, host, table_bytes, cudaMemcpyHostToDevice, stream);
+    if (e != cudaSuccess) return cuda_rt_error("uploading the gather kernel's piece table", e);
+    e = launch_gather_copy(reinterpret_cast<const GatherPiece*>(device), static_cast<uint32_t>(n), share, stream);
+  }
   if (kernel_image_missing(e)) {
     t_copy.kernel_missing = true;
     if (!g_warned_kernel_missing.exchange(true))
