@@ -113,7 +113,7 @@ Result<PdConfig> parse_kv_transfer_config(std::string_view text) {
                             {"backend", "mode", "side_channel_host", "side_channel_port", "load_timeout_s",
                              "hold_timeout_s", "transfer_timeout_s", "message_timeout_s", "write_grace_s",
                              "worker_threads", "ucx_transports", "ucx_net_devices", "ucx_peer_error_handling",
-                             "ipc_copy"},
+                             "ucx_guarded", "ipc_copy"},
                             where));
   if (extra.contains("backend")) {
     SIESTA_ASSIGN_OR_RETURN(c.backend, string_field(extra, "backend", where));
@@ -157,7 +157,7 @@ Result<PdConfig> parse_kv_transfer_config(std::string_view text) {
       return bad(where + ".worker_threads must be an integer in [1, 64], got " + v.dump());
     c.worker_threads = static_cast<int>(v.get<int64_t>());
   }
-  for (const char* key : {"ucx_transports", "ucx_net_devices", "ucx_peer_error_handling"}) {
+  for (const char* key : {"ucx_transports", "ucx_net_devices", "ucx_peer_error_handling", "ucx_guarded"}) {
     if (!extra.contains(key)) continue;
     if (c.backend != "ucx")
       return bad(where + "." + key + " applies to the ucx backend, and backend is '" + c.backend + "'");
@@ -172,6 +172,11 @@ Result<PdConfig> parse_kv_transfer_config(std::string_view text) {
     const json& v = extra.at("ucx_peer_error_handling");
     if (!v.is_boolean()) return bad(where + ".ucx_peer_error_handling must be a boolean, got " + type_of(v));
     c.ucx_peer_error_handling = v.get<bool>();
+  }
+  if (extra.contains("ucx_guarded")) {
+    const json& v = extra.at("ucx_guarded");
+    if (!v.is_boolean()) return bad(where + ".ucx_guarded must be a boolean, got " + type_of(v));
+    c.ucx_guarded = v.get<bool>();
   }
 
   if (extra.contains("ipc_copy")) {

@@ -17,6 +17,9 @@
 //                                  long its blocks stay held in case a copy is still running
 //      "worker_threads": 4,        threads for handshakes, messages and transfer starts
 //      "ucx_transports": "tcp", "ucx_net_devices": "lo", "ucx_peer_error_handling": true  (ucx only)
+//      "ucx_guarded": true         (ucx only) host transfers where UCX has no RMA lane go as
+//                                  guarded messages checked by the owner (src/transfer/README.md);
+//                                  false: one-sided puts and gets with a region-table check
 //      "ipc_copy": "auto" | "kernel" | "copy_engine"  (ipc only; src/transfer/README.md: how
 //                                  CUDA KV pieces are copied; "kernel" also across peer GPUs)
 //    }}
@@ -61,6 +64,7 @@ struct PdConfig {
   std::string ucx_transports;
   std::string ucx_net_devices;
   bool ucx_peer_error_handling = true;
+  bool ucx_guarded = true;
   std::string ipc_copy = "auto";
 
   bool produces() const { return role != KvRole::kConsumer; }

@@ -37,6 +37,7 @@ Result<std::unique_ptr<SiestaConnector>> SiestaConnector::create(const PdConfig&
   tc.ucx_transports = config.ucx_transports;
   tc.ucx_net_devices = config.ucx_net_devices;
   tc.ucx_peer_error_handling = config.ucx_peer_error_handling;
+  tc.ucx_guarded = config.ucx_guarded;
   tc.ipc_copy = config.ipc_copy;
   tc.cuda_device = config.cuda_device;
   auto transfers = transfer::TransferEngine::create(tc);

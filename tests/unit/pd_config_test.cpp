@@ -37,6 +37,7 @@ TEST(PdConfig, TheSmallestConfigGetsTheDefaults) {
   EXPECT_EQ(c->side_channel_host, "127.0.0.1");
   EXPECT_EQ(c->side_channel_port, 0);  // a free port
   EXPECT_TRUE(c->engine_id.empty());   // a random one
+  EXPECT_TRUE(c->ucx_guarded);
   EXPECT_GT(c->load_timeout, milliseconds(0));
   EXPECT_LE(c->transfer_timeout, c->load_timeout);
   EXPECT_LE(c->message_timeout, c->load_timeout);
@@ -49,7 +50,8 @@ TEST(PdConfig, EveryKeyIsRead) {
       "backend": "ucx", "mode": "read", "side_channel_host": "10.0.0.7", "side_channel_port": 5600,
       "load_timeout_s": 12.5, "hold_timeout_s": 60, "transfer_timeout_s": 2, "message_timeout_s": 0.25,
       "write_grace_s": 1, "worker_threads": 3,
-      "ucx_transports": "tcp", "ucx_net_devices": "lo", "ucx_peer_error_handling": false}})");
+      "ucx_transports": "tcp", "ucx_net_devices": "lo", "ucx_peer_error_handling": false,
+      "ucx_guarded": false}})");
   ASSERT_TRUE(c) << c.error().message;
   EXPECT_EQ(c->role, KvRole::kConsumer);
   EXPECT_FALSE(c->produces());
@@ -67,6 +69,7 @@ TEST(PdConfig, EveryKeyIsRead) {
   EXPECT_EQ(c->ucx_transports, "tcp");
   EXPECT_EQ(c->ucx_net_devices, "lo");
   EXPECT_FALSE(c->ucx_peer_error_handling);
+  EXPECT_FALSE(c->ucx_guarded);
 }
 
 TEST(PdConfig, KvBothProducesAndConsumesAndIpcIsAccepted) {
@@ -112,12 +115,15 @@ TEST(PdConfig, WrongValuesAreRefusedByName) {
   expect_refused(head + R"({"message_timeout_s": "5"}})", "message_timeout_s must be a number");
   expect_refused(head + R"({"worker_threads": 0}})", "worker_threads");
   expect_refused(head + R"({"backend": "ucx", "ucx_peer_error_handling": "yes"}})", "ucx_peer_error_handling");
+  expect_refused(head + R"({"backend": "ucx", "ucx_guarded": 1}})", "ucx_guarded must be a boolean");
 }
 
 TEST(PdConfig, ImpossibleCombinationsAreRefusedNamingBothSides) {
   const std::string head = R"({"kv_connector": "SiestaConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": )";
   expect_refused(head + R"({"backend": "ipc", "ucx_transports": "tcp"}})",
                  "ucx_transports applies to the ucx backend, and backend is 'ipc'");
+  expect_refused(head + R"({"backend": "ipc", "ucx_guarded": false}})",
+                 "ucx_guarded applies to the ucx backend, and backend is 'ipc'");
   expect_refused(head + R"({"backend": "ucx", "ipc_copy": "kernel"}})",
                  "ipc_copy applies to the ipc backend, and backend is 'ucx'");
   expect_refused(head + R"({"backend": "ipc", "ipc_copy": "dma"}})",
