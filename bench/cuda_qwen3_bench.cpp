@@ -13,9 +13,15 @@
 // would see, host planning and the token copy included. The whole run is done
 // twice and the second timed, so graph capture stays out of the numbers.
 // Prefill: one sequence of N tokens, logits for the last; median of 10.
+// Modes: default; without programmatic launch; prefill with one query head per
+// CTA, or with 16 query rows per attention warp (the earlier prefill attention
+// kernel, default_prefill_16_rows_per_warp); decode partitions of 64 and 128;
+// batch-invariant.
 // --profile: also a breakdown per kernel group (CUDA events between eager
 // launches, so launch gaps are included) of a decode step at each batch size
-// and of each prefill, in the default mode.
+// and of each prefill, in the default mode, and of each prefill again with 16
+// query rows per attention warp (prefill_N_16_rows_per_warp: compare its
+// attention_prefill with prefill_N's).
 #if defined(SIESTA_HAVE_CUDA)
 
 #include <nlohmann/json.hpp>
@@ -203,14 +209,16 @@ int main(int argc, char** argv) {
     const char* name;
     bool invariant, overlap, decode, prefill;
     int prefill_heads_per_cta;
+    int prefill_warp_rows;
     int decode_partition_tokens;
   };
-  const Mode mode_list[] = {{"default", false, true, true, true, 0, 0},
-                            {"default_without_overlap", false, false, true, false, 0, 0},
-                            {"default_prefill_1_head_per_cta", false, true, false, true, 1, 0},
-                            {"default_decode_partition_64", false, true, true, false, 0, 64},
-                            {"default_decode_partition_128", false, true, true, false, 0, 128},
-                            {"batch_invariant", true, true, true, true, 0, 0}};
+  const Mode mode_list[] = {{"default", false, true, true, true, 0, 32, 0},
+                            {"default_without_overlap", false, false, true, false, 0, 32, 0},
+                            {"default_prefill_1_head_per_cta", false, true, false, true, 1, 32, 0},
+                            {"default_prefill_16_rows_per_warp", false, true, false, true, 0, 16, 0},
+                            {"default_decode_partition_64", false, true, true, false, 0, 32, 64},
+                            {"default_decode_partition_128", false, true, true, false, 0, 32, 128},
+                            {"batch_invariant", true, true, true, true, 0, 32, 0}};
   for (const Mode& md : mode_list) {
     const bool invariant = md.invariant;
     if (invariant && !a.invariant) continue;
@@ -218,6 +226,7 @@ int main(int argc, char** argv) {
     opt.batch_invariant = invariant;
     opt.programmatic_launch = md.overlap;
     opt.prefill_heads_per_cta = md.prefill_heads_per_cta;
+    opt.prefill_warp_rows = md.prefill_warp_rows;
     opt.decode_partition_tokens = md.decode_partition_tokens;
     opt.max_seqs = std::max(256, max_b);
     opt.max_batch_tokens = std::max({8192, max_p, max_b});
@@ -275,19 +284,19 @@ int main(int argc, char** argv) {
     opt.max_batch_tokens = std::max({8192, max_p, max_b});
     opt.max_model_len = std::max(max_p, a.prompt + a.gen);
     auto model = check(CudaQwen3::load(a.model, alloc, opt), "loading " + a.model);
-    auto take = [&](const std::string& name, double divide) {
+    auto take = [&](CudaQwen3& m, const std::string& name, double divide) {
       json j;
       double total = 0;
-      for (const auto& [label, ms] : model->profile()) {
+      for (const auto& [label, ms] : m.profile()) {
         j[label] = ms / divide;
         total += ms / divide;
       }
       j["total"] = total;
       profile[name] = j;
       std::printf("profile %s (ms):", name.c_str());
-      for (const auto& [label, ms] : model->profile()) std::printf(" %s %.3f", label.c_str(), ms / divide);
+      for (const auto& [label, ms] : m.profile()) std::printf(" %s %.3f", label.c_str(), ms / divide);
       std::printf(" | total %.3f\n", total);
-      model->reset_profile();
+      m.reset_profile();
     };
     for (int B : a.batches) {
       const int blocks = B * ((a.prompt + a.gen + 15) / 16);
@@ -320,7 +329,17 @@ int main(int argc, char** argv) {
       run_prefill_ms(*model, n, 3);  // 12 runs
       model->reset_profile();
       run_prefill_ms(*model, n, 3);
-      take("prefill_" + std::to_string(n), 12);
+      take(*model, "prefill_" + std::to_string(n), 12);
+    }
+    // The same prefills with the earlier attention kernel (16 query rows per warp).
+    model.reset();
+    opt.prefill_warp_rows = 16;
+    auto model16 = check(CudaQwen3::load(a.model, alloc, opt), "loading " + a.model);
+    for (int n : a.prefill) {
+      run_prefill_ms(*model16, n, 3);
+      model16->reset_profile();
+      run_prefill_ms(*model16, n, 3);
+      take(*model16, "prefill_" + std::to_string(n) + "_16_rows_per_warp", 12);
     }
   }
 
@@ -381,6 +400,13 @@ int main(int argc, char** argv) {
     const std::string k = std::to_string(n);
     std::printf("%-34s %14.2f %14.2f %14.2f %12.2f\n", ("prefill ms, " + k + " tokens").c_str(),
                 mv("default", "prefill", k, "ms"), mv("batch_invariant", "prefill", k, "ms"), hfv("prefill_ms", k),
+                mv("default", "prefill", k, "floor_ms"));
+  }
+  // The earlier prefill attention kernel, measured in the same run (siesta column; default mode).
+  for (int n : a.prefill) {
+    const std::string k = std::to_string(n);
+    std::printf("%-34s %14.2f %14s %14s %12.2f\n", ("prefill ms, " + k + ", 16 rows/warp").c_str(),
+                mv("default_prefill_16_rows_per_warp", "prefill", k, "ms"), "", "",
                 mv("default", "prefill", k, "floor_ms"));
   }
   for (const auto& t : targets)

@@ -12,6 +12,9 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "engine/random.h"
@@ -305,6 +308,7 @@ struct AttnFixture {
   int heads, kvh, hd, L = 2, layer = 1, blocks;
   std::vector<float> cache;  // host copy (bf16 values)
   Bf16Array* d_cache = nullptr;
+  size_t cache_elems() const { return static_cast<size_t>(blocks) * L * 2 * 16 * kvh * hd; }
   size_t kv_base(int blk, int kind) const {
     return ((static_cast<size_t>(blk) * L + layer) * 2 + kind) * 16 * kvh * hd;
   }
@@ -417,24 +421,63 @@ TEST_F(CudaKernels, DecodeAttentionSplitsLongContextsAndMatchesReference) {
   }
 }
 
-// Runs prefill attention for one sequence whose first `start` positions are
-// already cached, over its new tokens [start, start + n).
-std::vector<float> run_prefill(const AttnFixture& f, Bf16Array& d_cache, const std::vector<int32_t>& table,
-                               const std::vector<uint16_t>& q_all, int start, int n, int heads_per_cta = 0) {
+// One sequence of a prefill attention launch: the new tokens [start, start + n)
+// of a prompt whose queries by position are q_all and whose cache blocks are
+// table (positions up to start + n written). n == 0: a padding row (kv_len 0).
+struct PrefillSeq {
+  const std::vector<int32_t>* table = nullptr;
+  const std::vector<uint16_t>* q_all = nullptr;
+  int start = 0, n = 0;
+};
+
+// Which prefill kernel: query rows per warp and query heads per CTA (0: the default).
+struct PrefillKernel {
+  int warp_rows = 32;
+  int heads_per_cta = 0;
+};
+
+// Runs prefill attention over a batch (work items in a scrambled order);
+// returns the output rows of every sequence in order, [rows, heads * hd].
+std::vector<float> run_prefill_batch(const AttnFixture& f, Bf16Array& d_cache, const std::vector<PrefillSeq>& seqs,
+                                     PrefillKernel kernel = {}) {
   const int heads = f.heads, hd = f.hd;
-  std::vector<uint16_t> q(q_all.begin() + static_cast<size_t>(start) * heads * hd,
-                          q_all.begin() + static_cast<size_t>(start + n) * heads * hd);
+  const size_t row = static_cast<size_t>(heads) * hd;
+  std::vector<uint16_t> q;
+  std::vector<int32_t> tables = {0}, table_start, kv_len, q_start, q_len, items;
+  int rows = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const PrefillSeq& p = seqs[s];
+    const int n = std::max(p.n, 1);
+    q_start.push_back(rows);
+    q_len.push_back(n);
+    kv_len.push_back(p.n == 0 ? 0 : p.start + p.n);
+    table_start.push_back(static_cast<int32_t>(tables.size()));
+    if (p.n == 0) {
+      q.insert(q.end(), row, f32_to_bf16(1.0f));
+    } else {
+      tables.insert(tables.end(), p.table->begin(), p.table->begin() + (p.start + p.n + 15) / 16);
+      q.insert(q.end(), p.q_all->begin() + p.start * row, p.q_all->begin() + (p.start + p.n) * row);
+    }
+    for (int t = 0; t * kPrefillTileRows < n; ++t) items.insert(items.end(), {static_cast<int32_t>(s), t});
+    rows += n;
+  }
+  // The kernel must not care about the order of its work items (the plan sorts them by work).
+  std::vector<int> order(items.size() / 2);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<uint32_t>(order.size())));
+  std::vector<int32_t> scrambled;
+  for (int i : order) scrambled.insert(scrambled.end(), {items[2 * i], items[2 * i + 1]});
+
+  const int S = static_cast<int>(seqs.size());
   Bf16Array d_q(q.size()), d_out(q.size());
   d_q.upload(q);
-  std::vector<int32_t> items;
-  for (int t = 0; t * kPrefillTileRows < n; ++t) items.insert(items.end(), {0, t});
-  DeviceArray<int32_t> d_tables(table.size()), d_ts(1), d_kv(1), d_qs(1), d_ql(1), d_items(items.size());
-  d_tables.upload(table);
-  d_ts.upload({0});
-  d_kv.upload({start + n});
-  d_qs.upload({0});
-  d_ql.upload({n});
-  d_items.upload(items);
+  DeviceArray<int32_t> d_tables(tables.size()), d_ts(S), d_kv(S), d_qs(S), d_ql(S), d_items(scrambled.size());
+  d_tables.upload(tables);
+  d_ts.upload(table_start);
+  d_kv.upload(kv_len);
+  d_qs.upload(q_start);
+  d_ql.upload(q_len);
+  d_items.upload(scrambled);
   AttentionArgs a;
   a.q = B(d_q);
   a.out = B(d_out);
@@ -450,10 +493,42 @@ std::vector<float> run_prefill(const AttnFixture& f, Bf16Array& d_cache, const s
   a.seq_table_start = d_ts.get();
   a.block_tables = d_tables.get();
   a.prefill_items = d_items.get();
-  a.prefill_heads_per_cta = heads_per_cta;
-  EXPECT_EQ(launch_prefill_attention(a, static_cast<int>(items.size() / 2), nullptr), cudaSuccess);
+  a.prefill_heads_per_cta = kernel.heads_per_cta;
+  a.prefill_warp_rows = kernel.warp_rows;
+  EXPECT_EQ(launch_prefill_attention(a, static_cast<int>(order.size()), nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return to_f32(d_out.download());
+}
+
+// Runs prefill attention for one sequence whose first `start` positions are
+// already cached, over its new tokens [start, start + n).
+std::vector<float> run_prefill(const AttnFixture& f, Bf16Array& d_cache, const std::vector<int32_t>& table,
+                               const std::vector<uint16_t>& q_all, int start, int n, PrefillKernel kernel = {}) {
+  return run_prefill_batch(f, d_cache, {{&table, &q_all, start, n}}, kernel);
+}
+
+// Fills d_cache (f.cache_elems()) with `tables.size()` prompts of `positions`
+// tokens, each in its own scrambled blocks (f.blocks must hold them all);
+// every other slot is NaN, which the kernels must never let in.
+void fill_prompts(AttnFixture& f, std::vector<std::vector<int32_t>>& tables, int positions, std::mt19937& rng,
+                  Bf16Array& d_cache) {
+  const int per_table = (positions + 15) / 16;
+  std::vector<int32_t> perm(f.blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<uint16_t> cache(f.cache_elems(), 0x7FC0);
+  const auto filled = random_bf16(cache.size(), rng);
+  for (size_t t = 0; t < tables.size(); ++t) {
+    tables[t].assign(perm.begin() + t * per_table, perm.begin() + (t + 1) * per_table);
+    for (int p = 0; p < positions; ++p)
+      for (int kind = 0; kind < 2; ++kind)
+        for (int i = 0; i < f.kvh * f.hd; ++i) {
+          const size_t at = f.kv_base(tables[t][p / 16], kind) + (p % 16) * f.kvh * f.hd + i;
+          cache[at] = filled[at];
+        }
+  }
+  f.cache = to_f32(cache);
+  d_cache.upload(cache);
 }
 
 TEST_F(CudaKernels, PrefillAttentionIsCausalMatchesReferenceAndIgnoresChunking) {
@@ -461,43 +536,148 @@ TEST_F(CudaKernels, PrefillAttentionIsCausalMatchesReferenceAndIgnoresChunking) 
     AttnFixture f{heads, kvh, hd};
     f.blocks = 40;
     const int total = 300;  // positions; chunks below cover [0, 300)
-    std::vector<int32_t> table(f.blocks);
-    std::iota(table.begin(), table.end(), 0);
-    std::shuffle(table.begin(), table.end(), rng);
-    table.resize((total + 15) / 16);
-    const size_t cache_elems = static_cast<size_t>(f.blocks) * f.L * 2 * 16 * kvh * hd;
-    // Positions past the sequence stay NaN: the kernel must never let them in.
-    std::vector<uint16_t> cache(cache_elems, 0x7FC0);
-    auto filled = random_bf16(cache_elems, rng);
-    for (int p = 0; p < total; ++p)
-      for (int kind = 0; kind < 2; ++kind)
-        for (int i = 0; i < kvh * hd; ++i) {
-          const size_t at = f.kv_base(table[p / 16], kind) + (p % 16) * kvh * hd + i;
-          cache[at] = filled[at];
-        }
-    f.cache = to_f32(cache);
-    Bf16Array d_cache(cache_elems);
-    d_cache.upload(cache);
+    std::vector<std::vector<int32_t>> tables(1);
+    Bf16Array d_cache(f.cache_elems());
+    fill_prompts(f, tables, total, rng, d_cache);
+    const std::vector<int32_t>& table = tables[0];
     auto q = random_bf16(static_cast<size_t>(total) * heads * hd, rng, 2.0f);
     const auto qf = to_f32(q);
-
-    // Prefix of 70 cached, then 230 new tokens at once; compare with the reference.
-    const auto whole = run_prefill(f, d_cache, table, q, 70, 230);
-    double worst = 0;
-    for (int i = 0; i < 230; i += 7)
-      for (int h = 0; h < heads; ++h) {
-        const auto want = attend_ref(f, table, &qf[(static_cast<size_t>(70 + i) * heads + h) * hd], h, 70 + i + 1);
-        std::vector<float> got(whole.begin() + (static_cast<size_t>(i) * heads + h) * hd,
-                               whole.begin() + (static_cast<size_t>(i) * heads + h + 1) * hd);
-        worst = std::max(worst, rel_err(got, want));
-      }
-    EXPECT_LT(worst, 2e-2) << "head_dim " << hd;
-    // The same rows computed as the chunk [150, 300): bit-identical.
-    const auto tail = run_prefill(f, d_cache, table, q, 150, 150);
     const size_t row = static_cast<size_t>(heads) * hd;
-    EXPECT_TRUE(std::equal(tail.begin(), tail.end(), whole.begin() + 80 * row)) << "head_dim " << hd;
-    // One query head per CTA instead of two: the same arithmetic per row.
-    EXPECT_EQ(run_prefill(f, d_cache, table, q, 70, 230, 1), whole) << "head_dim " << hd;
+
+    std::vector<float> whole_by_rows[2];
+    for (int warp_rows : {32, 16}) {
+      const std::string what = "head_dim " + std::to_string(hd) + ", " + std::to_string(warp_rows) + " rows per warp";
+      // Prefix of 70 cached, then 230 new tokens at once; compare with the reference.
+      const auto whole = run_prefill(f, d_cache, table, q, 70, 230, {warp_rows});
+      double worst = 0;
+      for (int i = 0; i < 230; i += 7)
+        for (int h = 0; h < heads; ++h) {
+          const auto want = attend_ref(f, table, &qf[(static_cast<size_t>(70 + i) * heads + h) * hd], h, 70 + i + 1);
+          std::vector<float> got(whole.begin() + i * row + h * hd, whole.begin() + i * row + (h + 1) * hd);
+          worst = std::max(worst, rel_err(got, want));
+        }
+      EXPECT_LT(worst, 2e-2) << what;
+      // The same rows computed as the chunk [150, 300) (they sit 16 rows earlier in
+      // their tiles, so in the other m16 tile of a 32-row warp): bit-identical.
+      const auto tail = run_prefill(f, d_cache, table, q, 150, 150, {warp_rows});
+      EXPECT_TRUE(std::equal(tail.begin(), tail.end(), whole.begin() + 80 * row)) << what;
+      // One query head per CTA instead of two: the same arithmetic per row.
+      EXPECT_EQ(run_prefill(f, d_cache, table, q, 70, 230, {warp_rows, 1}), whole) << what;
+      whole_by_rows[warp_rows == 16] = whole;
+    }
+    // At head_dim 64 both kernels take 64-key softmax steps: the same bits.
+    if (hd == 64) {
+      EXPECT_EQ(whole_by_rows[0], whole_by_rows[1]);
+    }
+  }
+}
+
+TEST_F(CudaKernels, PrefillAttentionRaggedBatchMatchesReferenceAndEachSequenceAlone) {
+  // Group sizes 2, 8 and 1 (one query head per CTA), head_dim 128 and 64.
+  for (auto [heads, kvh, hd] : {std::tuple{16, 8, 128}, std::tuple{32, 4, 64}, std::tuple{8, 8, 128},
+                                std::tuple{4, 2, 64}}) {
+    AttnFixture f{heads, kvh, hd};
+    f.blocks = 40;
+    const int total = 300;
+    std::vector<std::vector<int32_t>> tables(2);
+    Bf16Array d_cache(f.cache_elems());
+    fill_prompts(f, tables, total, rng, d_cache);
+    const std::vector<uint16_t> qs[2] = {random_bf16(static_cast<size_t>(total) * heads * hd, rng, 2.0f),
+                                         random_bf16(static_cast<size_t>(total) * heads * hd, rng, 2.0f)};
+    const std::vector<float> qfs[2] = {to_f32(qs[0]), to_f32(qs[1])};
+    // Ragged lengths (tails of 1, 5, 31, 33, 1, 36, 1, 4 rows in the last 64-row
+    // tile), cached prefixes aligned or not to the 64-key tiles, a padding row.
+    const std::vector<std::tuple<int, int, int>> shape = {{0, 0, 1},    {1, 0, 5},   {0, 7, 31},   {1, 0, 33},
+                                                          {-1, 0, 0},   {0, 64, 64}, {1, 13, 65},  {0, 100, 100},
+                                                          {1, 3, 129},  {0, 0, 300}, {1, 171, 129}};
+    std::vector<PrefillSeq> seqs;
+    for (auto [t, start, n] : shape)
+      seqs.push_back(t < 0 ? PrefillSeq{} : PrefillSeq{&tables[t], &qs[t], start, n});
+    const size_t row = static_cast<size_t>(heads) * hd;
+    const std::string config = std::to_string(heads) + "/" + std::to_string(kvh) + " heads, head_dim " +
+                               std::to_string(hd);
+
+    std::vector<float> by_rows[2];
+    for (PrefillKernel k : {PrefillKernel{32, 0}, PrefillKernel{32, 1}, PrefillKernel{16, 0}, PrefillKernel{16, 1}}) {
+      const std::string what = config + ", " + std::to_string(k.warp_rows) + " rows per warp, " +
+                               std::to_string(k.heads_per_cta) + " heads per CTA";
+      const auto out = run_prefill_batch(f, d_cache, seqs, k);
+      std::vector<float>& first = by_rows[k.warp_rows == 16];
+      if (!first.empty()) {
+        EXPECT_EQ(out, first) << what;  // heads per CTA change nothing
+        continue;
+      }
+      first = out;
+      double worst = 0;
+      size_t at = 0;
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        const PrefillSeq& p = seqs[s];
+        if (p.n == 0) {
+          for (size_t i = 0; i < row; ++i) EXPECT_EQ(out[at * row + i], 0.0f) << what << ": padding row";
+          ++at;
+          continue;
+        }
+        const int t = p.table == &tables[0] ? 0 : 1;
+        for (int i = 0; i < p.n; ++i, ++at)
+          for (int h : {0, 1, heads / 2, heads - 1}) {  // the first and last kv heads, and one between
+            const int pos = p.start + i;
+            const auto want = attend_ref(f, *p.table, &qfs[t][(static_cast<size_t>(pos) * heads + h) * hd], h, pos + 1);
+            std::vector<float> got(out.begin() + at * row + h * hd, out.begin() + at * row + (h + 1) * hd);
+            worst = std::max(worst, rel_err(got, want));
+          }
+      }
+      EXPECT_LT(worst, 2e-2) << what;
+      // Each sequence run alone: the same bits as inside the batch.
+      at = 0;
+      for (const PrefillSeq& p : seqs) {
+        const size_t n = std::max(p.n, 1);
+        if (p.n > 0) {
+          const auto alone = run_prefill_batch(f, d_cache, {p}, k);
+          EXPECT_TRUE(std::equal(alone.begin(), alone.end(), out.begin() + at * row))
+              << what << ": chunk [" << p.start << ", " << p.start + p.n << ") alone";
+        }
+        at += n;
+      }
+    }
+    if (hd == 64) {
+      EXPECT_EQ(by_rows[0], by_rows[1]) << config;
+    }
+  }
+}
+
+// Batch-invariant mode: a one-token chunk (a 1-row work item: row 0 of warp 0)
+// must give the bits its row gets inside a longer chunk, at any of the 64 row
+// slots of a tile (either warp, either m16 tile of a 32-row warp, rows g and g + 8).
+TEST_F(CudaKernels, PrefillAttentionOneTokenChunksMatchTheirRowsInLongerChunks) {
+  for (auto [heads, kvh, hd] : {std::tuple{16, 8, 128}, std::tuple{4, 2, 64}}) {
+    AttnFixture f{heads, kvh, hd};
+    f.blocks = 40;
+    const int total = 300;
+    std::vector<std::vector<int32_t>> tables(1);
+    Bf16Array d_cache(f.cache_elems());
+    fill_prompts(f, tables, total, rng, d_cache);
+    const auto q = random_bf16(static_cast<size_t>(total) * heads * hd, rng, 2.0f);
+    const size_t row = static_cast<size_t>(heads) * hd;
+    for (int warp_rows : {32, 16})
+      for (auto [start, n] : {std::pair{0, 200}, std::pair{70, 230}}) {
+        const std::string what = "head_dim " + std::to_string(hd) + ", " + std::to_string(warp_rows) +
+                                 " rows per warp, chunk [" + std::to_string(start) + ", " +
+                                 std::to_string(start + n) + ")";
+        const auto chunk = run_prefill(f, d_cache, tables[0], q, start, n, {warp_rows});
+        // Every row of the chunk again as a one-token chunk, all in one launch (as a
+        // batch-invariant decode step runs them), with a padding row among them.
+        std::vector<PrefillSeq> singles;
+        for (int i = 0; i < n; ++i) {
+          singles.push_back({&tables[0], &q, start + i, 1});
+          if (i == n / 2) singles.push_back({});
+        }
+        const auto one = run_prefill_batch(f, d_cache, singles, {warp_rows});
+        for (int i = 0, at = 0; i < n; ++i, ++at) {
+          if (i == n / 2 + 1) ++at;  // the padding row
+          EXPECT_TRUE(std::equal(one.begin() + at * row, one.begin() + (at + 1) * row, chunk.begin() + i * row))
+              << what << ": position " << start + i << " (row " << i % kPrefillTileRows << " of its tile)";
+        }
+      }
   }
 }
 

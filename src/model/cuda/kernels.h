@@ -42,7 +42,7 @@ inline constexpr int kKvBlockSize = 16;
 // depends on how many other sequences share the step. Compiled: 64, 128, 256.
 inline constexpr int kDecodePartitionTokens = 256;
 bool decode_partition_supported(int tokens);
-// Prefill attention: query rows per CTA (key tiles are the same size).
+// Prefill attention: query rows of a work item, per head of a CTA (key tiles are the same size).
 inline constexpr int kPrefillTileRows = 64;
 
 // The paged KV cache in its block-major layout (forward.h): element
@@ -111,6 +111,10 @@ struct AttentionArgs {
   const int32_t* prefill_items = nullptr;
   // Query heads per prefill CTA (they share a kv head): 1 or 2; 0 = 2 when the GQA group is even.
   int prefill_heads_per_cta = 0;
+  // Query rows per prefill warp (prefill_warp_rows_supported): 32, two m16 tiles sharing each K/V
+  // fragment; or 16, one tile (the earlier kernel, for comparison). Each keeps a row's result
+  // independent of its batch and chunking; at head_dim 128 the two differ by rounding.
+  int prefill_warp_rows = 32;
 };
 
 // True when head_dim and the GQA group size have compiled kernels (64 or 128; 1, 2, 4 or 8).
@@ -121,6 +125,8 @@ bool attention_supported(int num_heads, int num_kv_heads, int head_dim);
 // partial_parts); sequences that need more than one are reduced in a second kernel.
 cudaError_t launch_decode_attention(const AttentionArgs& args, int num_decode, int max_partitions,
                                     LaunchConfig launch);
+
+bool prefill_warp_rows_supported(int rows);  // 16 or 32
 
 // Causal prefill attention over num_items (sequence, query tile) work items,
 // with tensor cores (bf16 inputs, fp32 scores and softmax, bf16 probabilities).

@@ -441,6 +441,7 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
   aa.partial_parts = partial_parts;
   aa.prefill_items = p.prefill_items;
   aa.prefill_heads_per_cta = opt.prefill_heads_per_cta;
+  aa.prefill_warp_rows = opt.prefill_warp_rows;
   aa.partition_tokens = partition_tokens();
 
   for (int l = 0; l < cfg.num_layers; ++l) {
@@ -673,6 +674,9 @@ Result<std::unique_ptr<CudaQwen3>> CudaQwen3::create(const ModelConfig& cfg, con
   if (options.decode_partition_tokens != 0 && !cuda::decode_partition_supported(options.decode_partition_tokens))
     return invalid_argument("CUDA model: decode_partition_tokens " + std::to_string(options.decode_partition_tokens) +
                             " is not compiled (64, 128 or 256)");
+  if (!cuda::prefill_warp_rows_supported(options.prefill_warp_rows))
+    return invalid_argument("CUDA model: prefill_warp_rows " + std::to_string(options.prefill_warp_rows) +
+                            " is not compiled (16 or 32)");
 
   int devices = 0;
   SIESTA_CUDA_TRY(cudaGetDeviceCount(&devices), "looking for a CUDA device");

@@ -72,6 +72,9 @@ struct CudaModelOptions {
   bool programmatic_launch = true;
   // Query heads per prefill attention CTA (kernels.h); 0 = the default. For benchmarks.
   int prefill_heads_per_cta = 0;
+  // Query rows per prefill attention warp (kernels.h): 32, or 16 (the earlier kernel). For
+  // benchmarks; batch invariance holds with either (at head_dim 128 they differ by rounding).
+  int prefill_warp_rows = 32;
   // Decode attention partition (kernels.h: 64, 128 or 256 tokens); 0 = the default.
   int decode_partition_tokens = 0;
   // Time each kernel group with CUDA events between eager launches (no graphs);
