@@ -87,46 +87,100 @@ class CudaKernels : public ::testing::Test {
   std::mt19937 rng{1234};
 };
 
+// Small batches (one CTA per row) at the hidden sizes of Qwen3-0.6B, -4B, -8B
+// and -14B.
 TEST_F(CudaKernels, EmbedAndAddRmsNormRoundLikeHuggingFace) {
-  const int T = 7, H = 1024, V = 50;
-  auto table = random_bf16(static_cast<size_t>(V) * H, rng);
-  auto delta = random_bf16(static_cast<size_t>(T) * H, rng, 0.5f);
-  auto w = random_bf16(H, rng, 0.1f, 1.0f);
-  std::vector<int32_t> tokens = {3, 0, 49, 7, 7, 12, 30};
-  DeviceArray<int32_t> d_tok(T);
-  Bf16Array d_table(table.size()), d_x(static_cast<size_t>(T) * H), d_delta(delta.size()), d_w(H), d_out(T * H);
-  d_tok.upload(tokens);
-  d_table.upload(table);
-  d_delta.upload(delta);
-  d_w.upload(w);
-  CUDA_OK(launch_embed(d_tok.get(), T, B(d_table), H, B(d_x), nullptr));
-  CUDA_OK(launch_add_rms_norm(B(d_x), B(d_delta), B(d_w), T, H, 1e-6f, nullptr, B(d_out), nullptr));
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto x = to_f32(d_x.download()), out = to_f32(d_out.download());
-  const auto tf = to_f32(table), df = to_f32(delta), wf = to_f32(w);
-  std::vector<float> want_x(T * H), want_out(T * H);
-  for (int t = 0; t < T; ++t) {
-    double ss = 0;
-    for (int i = 0; i < H; ++i) {
-      want_x[t * H + i] = rb(tf[tokens[t] * H + i] + df[t * H + i]);
-      ss += static_cast<double>(want_x[t * H + i]) * want_x[t * H + i];
+  for (int H : {1024, 2560, 4096, 5120}) {
+    SCOPED_TRACE("hidden " + std::to_string(H));
+    const int T = 7, V = 50;
+    auto table = random_bf16(static_cast<size_t>(V) * H, rng);
+    auto delta = random_bf16(static_cast<size_t>(T) * H, rng, 0.5f);
+    auto w = random_bf16(H, rng, 0.1f, 1.0f);
+    std::vector<int32_t> tokens = {3, 0, 49, 7, 7, 12, 30};
+    DeviceArray<int32_t> d_tok(T);
+    Bf16Array d_table(table.size()), d_x(static_cast<size_t>(T) * H), d_delta(delta.size()), d_w(H), d_out(T * H);
+    d_tok.upload(tokens);
+    d_table.upload(table);
+    d_delta.upload(delta);
+    d_w.upload(w);
+    CUDA_OK(launch_embed(d_tok.get(), T, B(d_table), H, B(d_x), nullptr));
+    CUDA_OK(launch_add_rms_norm(B(d_x), B(d_delta), B(d_w), T, H, 1e-6f, nullptr, B(d_out), nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto x = to_f32(d_x.download()), out = to_f32(d_out.download());
+    const auto tf = to_f32(table), df = to_f32(delta), wf = to_f32(w);
+    std::vector<float> want_x(T * H), want_out(T * H);
+    for (int t = 0; t < T; ++t) {
+      double ss = 0;
+      for (int i = 0; i < H; ++i) {
+        want_x[t * H + i] = rb(tf[tokens[t] * H + i] + df[t * H + i]);
+        ss += static_cast<double>(want_x[t * H + i]) * want_x[t * H + i];
+      }
+      const float rs = static_cast<float>(1.0 / std::sqrt(ss / H + 1e-6));
+      for (int i = 0; i < H; ++i) want_out[t * H + i] = rb(wf[i] * rb(want_x[t * H + i] * rs));
     }
-    const float rs = static_cast<float>(1.0 / std::sqrt(ss / H + 1e-6));
-    for (int i = 0; i < H; ++i) want_out[t * H + i] = rb(wf[i] * rb(want_x[t * H + i] * rs));
-  }
-  EXPECT_EQ(x, want_x);  // one rounding of an exact sum: bit-identical
-  EXPECT_LT(rel_err(out, want_out), 1e-2);
+    EXPECT_EQ(x, want_x);  // one rounding of an exact sum: bit-identical
+    EXPECT_LT(rel_err(out, want_out), 1e-2);
 
-  // The gathered form: rows 5 and 1, x untouched.
-  std::vector<int32_t> rows = {5, 1};
-  DeviceArray<int32_t> d_rows(2);
-  d_rows.upload(rows);
-  Bf16Array d_g(2 * H);
-  CUDA_OK(launch_add_rms_norm(B(d_x), nullptr, B(d_w), 2, H, 1e-6f, d_rows.get(), B(d_g), nullptr));
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto g = to_f32(d_g.download());
-  EXPECT_EQ(std::vector<float>(g.begin(), g.begin() + H), std::vector<float>(out.begin() + 5 * H, out.begin() + 6 * H));
-  EXPECT_EQ(to_f32(d_x.download()), want_x);
+    // The gathered form: rows 5 and 1, x untouched.
+    std::vector<int32_t> rows = {5, 1};
+    DeviceArray<int32_t> d_rows(2);
+    d_rows.upload(rows);
+    Bf16Array d_g(2 * H);
+    CUDA_OK(launch_add_rms_norm(B(d_x), nullptr, B(d_w), 2, H, 1e-6f, d_rows.get(), B(d_g), nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto g = to_f32(d_g.download());
+    EXPECT_EQ(std::vector<float>(g.begin(), g.begin() + H), std::vector<float>(out.begin() + 5 * H, out.begin() + 6 * H));
+    EXPECT_EQ(to_f32(d_x.download()), want_x);
+  }
+}
+
+// Batches of 1024 rows or more take one warp per row (fewer, one CTA per
+// row): a ragged row count at widths of 4, 10 and 16 chunks per lane, the
+// residual written back, and the gathered form over as many rows.
+TEST_F(CudaKernels, AddRmsNormOneWarpPerRowForLargeBatches) {
+  for (int H : {1024, 2560, 4096}) {
+    SCOPED_TRACE("hidden " + std::to_string(H));
+    const int T = 1031;
+    auto x0 = random_bf16(static_cast<size_t>(T) * H, rng);
+    auto delta = random_bf16(static_cast<size_t>(T) * H, rng, 0.5f);
+    auto w = random_bf16(H, rng, 0.1f, 1.0f);
+    Bf16Array d_x(x0.size()), d_delta(delta.size()), d_w(H), d_out(x0.size());
+    d_x.upload(x0);
+    d_delta.upload(delta);
+    d_w.upload(w);
+    CUDA_OK(launch_add_rms_norm(B(d_x), B(d_delta), B(d_w), T, H, 1e-6f, nullptr, B(d_out), nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto x = to_f32(d_x.download()), out = to_f32(d_out.download());
+    const auto xf = to_f32(x0), df = to_f32(delta), wf = to_f32(w);
+    std::vector<float> want_x(x0.size()), want_out(x0.size());
+    for (size_t t = 0; t < static_cast<size_t>(T); ++t) {
+      double ss = 0;
+      for (int i = 0; i < H; ++i) {
+        want_x[t * H + i] = rb(xf[t * H + i] + df[t * H + i]);
+        ss += static_cast<double>(want_x[t * H + i]) * want_x[t * H + i];
+      }
+      const float rs = static_cast<float>(1.0 / std::sqrt(ss / H + 1e-6));
+      for (int i = 0; i < H; ++i) want_out[t * H + i] = rb(wf[i] * rb(want_x[t * H + i] * rs));
+    }
+    EXPECT_EQ(x, want_x);
+    EXPECT_LT(rel_err(out, want_out), 1e-2);
+
+    // Gathered: every row in reverse order, x untouched, each row as it was.
+    std::vector<int32_t> rows(T);
+    for (int r = 0; r < T; ++r) rows[r] = T - 1 - r;
+    DeviceArray<int32_t> d_rows(T);
+    d_rows.upload(rows);
+    Bf16Array d_g(x0.size());
+    CUDA_OK(launch_add_rms_norm(B(d_x), nullptr, B(d_w), T, H, 1e-6f, d_rows.get(), B(d_g), nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto g = to_f32(d_g.download());
+    for (int r = 0; r < T; r += 97)
+      EXPECT_EQ(std::vector<float>(g.begin() + static_cast<size_t>(r) * H, g.begin() + static_cast<size_t>(r + 1) * H),
+                std::vector<float>(out.begin() + static_cast<size_t>(T - 1 - r) * H,
+                                   out.begin() + static_cast<size_t>(T - r) * H))
+          << "row " << r;
+    EXPECT_EQ(to_f32(d_x.download()), want_x);
+  }
 }
 
 TEST_F(CudaKernels, QkNormRopeWritesQAndThePagedCache) {
