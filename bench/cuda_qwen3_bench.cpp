@@ -14,9 +14,10 @@
 // twice and the second timed, so graph capture stays out of the numbers.
 // Prefill: one sequence of N tokens, logits for the last; median of 10.
 // Modes: default; without programmatic launch; prefill with one query head per
-// CTA, or with 16 query rows per attention warp (the earlier prefill attention
-// kernel, default_prefill_16_rows_per_warp); decode partitions of 64 and 128;
-// batch-invariant.
+// CTA, or with 16 or 32 query rows per attention warp fixed (the default
+// chooses per pass by its CTA count); decode partitions fixed at 64,
+// 128 and 256 (the default takes 64 for decode steps of up to 8 sequences,
+// 256 otherwise); batch-invariant.
 // --profile: also a breakdown per kernel group (CUDA events between eager
 // launches, so launch gaps are included) of a decode step at each batch size
 // and of each prefill, in the default mode, and of each prefill again with 16
@@ -212,13 +213,15 @@ int main(int argc, char** argv) {
     int prefill_warp_rows;
     int decode_partition_tokens;
   };
-  const Mode mode_list[] = {{"default", false, true, true, true, 0, 32, 0},
-                            {"default_without_overlap", false, false, true, false, 0, 32, 0},
-                            {"default_prefill_1_head_per_cta", false, true, false, true, 1, 32, 0},
+  const Mode mode_list[] = {{"default", false, true, true, true, 0, 0, 0},
+                            {"default_without_overlap", false, false, true, false, 0, 0, 0},
+                            {"default_prefill_1_head_per_cta", false, true, false, true, 1, 0, 0},
                             {"default_prefill_16_rows_per_warp", false, true, false, true, 0, 16, 0},
-                            {"default_decode_partition_64", false, true, true, false, 0, 32, 64},
-                            {"default_decode_partition_128", false, true, true, false, 0, 32, 128},
-                            {"batch_invariant", true, true, true, true, 0, 32, 0}};
+                            {"default_prefill_32_rows_per_warp", false, true, false, true, 0, 32, 0},
+                            {"default_decode_partition_64", false, true, true, false, 0, 0, 64},
+                            {"default_decode_partition_128", false, true, true, false, 0, 0, 128},
+                            {"default_decode_partition_256", false, true, true, false, 0, 0, 256},
+                            {"batch_invariant", true, true, true, true, 0, 0, 0}};
   for (const Mode& md : mode_list) {
     const bool invariant = md.invariant;
     if (invariant && !a.invariant) continue;

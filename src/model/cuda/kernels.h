@@ -37,9 +37,9 @@ struct LaunchConfig {
 
 inline constexpr int kKvBlockSize = 16;
 // Decode attention splits a sequence's context into partitions of this many
-// tokens (then reduces them in partition order). Fixed for a model
-// (CudaModelOptions::decode_partition_tokens), so a sequence's result never
-// depends on how many other sequences share the step. Compiled: 64, 128, 256.
+// tokens (then reduces them in partition order): this default, 64 for decode
+// steps of up to kGemvMaxRows sequences, or what
+// CudaModelOptions::decode_partition_tokens fixes. Compiled: 64, 128, 256.
 inline constexpr int kDecodePartitionTokens = 256;
 bool decode_partition_supported(int tokens);
 // Prefill attention: query rows of a work item, per head of a CTA (key tiles are the same size).

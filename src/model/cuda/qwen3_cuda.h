@@ -72,10 +72,13 @@ struct CudaModelOptions {
   bool programmatic_launch = true;
   // Query heads per prefill attention CTA (kernels.h); 0 = the default. For benchmarks.
   int prefill_heads_per_cta = 0;
-  // Query rows per prefill attention warp (kernels.h): 32, or 16 (the earlier kernel). For
-  // benchmarks; batch invariance holds with either (at head_dim 128 they differ by rounding).
-  int prefill_warp_rows = 32;
-  // Decode attention partition (kernels.h: 64, 128 or 256 tokens); 0 = the default.
+  // Query rows per prefill attention warp (kernels.h): 32 (K/V fragments feed two MMAs; faster
+  // where the pass has CTAs to fill the GPU twice over) or 16 (twice the warps per CTA; faster for
+  // short prompts). 0: 32 in batch-invariant mode (one kernel for every pass, since the two
+  // differ by rounding at head_dim 128), else chosen per pass by its CTA count.
+  int prefill_warp_rows = 0;
+  // Decode attention partition (kernels.h: 64, 128 or 256 tokens) for every pass; 0: 64 tokens for
+  // decode steps of up to 8 sequences (more CTAs where few would run), 256 otherwise.
   int decode_partition_tokens = 0;
   // Time each kernel group with CUDA events between eager launches (no graphs);
   // read with CudaQwen3::profile(). For finding where time goes, not for speed.

@@ -119,6 +119,7 @@ Result<StepPlan> plan_pass(std::span<const PassChunk> chunks, int pad_to_seqs, c
     row += n;
   }
   p.num_tokens = row;
+  p.partition_tokens = shape.partition_tokens;
   if (!p.decode_seqs.empty()) p.max_partitions = std::max(p.max_partitions, 1);
 
   // Most work first, so the longest tiles do not start last: a tile's work is

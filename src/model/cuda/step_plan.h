@@ -69,6 +69,7 @@ struct StepPlan {
   std::vector<int32_t> decode_seqs;                          // sequences with one new token (unless one_token_as_prefill)
   std::vector<int32_t> prefill_items;                        // (sequence, query tile) pairs, most work first
   int max_partitions = 0;                                    // decode partitions of the longest decode sequence
+  int partition_tokens = 0;                                  // StepShape::partition_tokens of this plan
   std::vector<int32_t> logits_rows;                          // activation rows to project, in output order
   std::vector<size_t> first_row, num_rows;                   // per real chunk: its rows in logits_rows
   int max_kv_len = 0;
