@@ -21,7 +21,7 @@
 //                                  guarded messages checked by the owner (src/transfer/README.md);
 //                                  false: one-sided puts and gets with a region-table check
 //      "ipc_copy": "auto" | "kernel" | "copy_engine"  (ipc only; src/transfer/README.md: how
-//                                  CUDA KV pieces are copied; "kernel" also across peer GPUs)
+//                                  CUDA KV pieces are copied; "kernel" across peer GPUs at any size)
 //    }}
 //
 // Unknown keys, wrong types, out-of-range values and impossible combinations

@@ -43,14 +43,21 @@ TEST(TransferIpcCopyPath, ParsesItsThreeNamesAndRefusesOthers) {
 }
 
 TEST(TransferIpcCopyPath, TheKernelOnlyWhereTheCopyingDeviceReachesBothEnds) {
-  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kThisDevice));
-  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kPeerDevice));
-  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kElsewhere));
-  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kThisDevice));
-  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kPeerDevice));
-  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kElsewhere));
+  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kThisDevice, 1 << 20));
+  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kThisDevice, uint64_t{1} << 30));
+  // Across GPUs: the kernel for pieces of less than 8 MiB on average (1.75 MiB KV blocks), not above.
+  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kPeerDevice, uint64_t{7} << 18));
+  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kPeerDevice, kPeerKernelMaxAverage - 1));
+  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kPeerDevice, kPeerKernelMaxAverage));
+  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kPeerDevice, uint64_t{448} << 20));
+  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kElsewhere, 1 << 20));
+  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kElsewhere, 4096));
+  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kPeerDevice, uint64_t{448} << 20));
+  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kThisDevice, 1 << 20));
+  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kPeerDevice, 1 << 20));
+  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kElsewhere, 1 << 20));
   for (PieceEnds e : {PieceEnds::kThisDevice, PieceEnds::kPeerDevice, PieceEnds::kElsewhere})
-    EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kCopyEngine, e));
+    EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kCopyEngine, e, 1 << 20));
 }
 
 TransferConfig engine_config(const std::string& id, const std::string& ipc_copy) {

@@ -143,6 +143,8 @@ Ok IpcPeer::execute(const XferPlan& plan) {
   std::vector<CopyPiece> by_kernel, by_copy_engine;
   by_kernel.reserve(plan.segments.size());
   std::vector<std::pair<RegionId, int>> local_devices;  // looked up once per region
+  std::vector<std::pair<CopyPiece, PieceEnds>> cuda_pieces;
+  uint64_t peer_bytes = 0, peer_pieces = 0;
   for (const XferSegment& s : plan.segments) {
     const ImportedRegion& r = regions_[s.remote_index];
     char* remote = r.data + s.remote_offset;
@@ -162,9 +164,16 @@ Ok IpcPeer::execute(const XferPlan& plan) {
         local_devices.emplace_back(s.local_region, local_device);
       }
     }
-    bool kernel = copies_with_kernel(backend_.cuda_copy_path(), piece_ends(local_device, r));
-    (kernel ? by_kernel : by_copy_engine).push_back(piece);
+    const PieceEnds ends = piece_ends(local_device, r);
+    if (ends == PieceEnds::kPeerDevice) {
+      peer_bytes += s.bytes;
+      ++peer_pieces;
+    }
+    cuda_pieces.emplace_back(piece, ends);
   }
+  const uint64_t peer_average = peer_pieces == 0 ? 0 : peer_bytes / peer_pieces;
+  for (const auto& [piece, ends] : cuda_pieces)
+    (copies_with_kernel(backend_.cuda_copy_path(), ends, peer_average) ? by_kernel : by_copy_engine).push_back(piece);
   if (!by_kernel.empty() || !by_copy_engine.empty()) {
     backend_.log_cuda_copy_once(by_kernel.size(), by_copy_engine.size());
     const auto copy_started = Clock::now();

@@ -39,8 +39,9 @@ const char* cuda_copy_path_name(CudaCopyPath path) {
 const char* cuda_copy_path_rule(CudaCopyPath path) {
   switch (path) {
     case CudaCopyPath::kAuto:
-      return "one SM gather-kernel launch for the pieces whose both ends are on the copying GPU, one "
-             "cudaMemcpyAsync per piece for the others (another GPU, host memory)";
+      return "one SM gather-kernel launch for the pieces whose both ends are on the copying GPU, and for those "
+             "on a peer GPU it addresses where they average less than 8 MiB; one cudaMemcpyAsync per piece for "
+             "the others (larger pieces across GPUs, host memory)";
     case CudaCopyPath::kKernel:
       return "one SM gather-kernel launch for the pieces whose both ends the copying GPU addresses (its own "
              "memory, or another GPU's through peer access), one cudaMemcpyAsync per piece for the others";
@@ -50,10 +51,10 @@ const char* cuda_copy_path_rule(CudaCopyPath path) {
   return "?";
 }
 
-bool copies_with_kernel(CudaCopyPath path, PieceEnds ends) {
+bool copies_with_kernel(CudaCopyPath path, PieceEnds ends, uint64_t peer_average) {
   switch (path) {
     case CudaCopyPath::kAuto:
-      return ends == PieceEnds::kThisDevice;
+      return ends == PieceEnds::kThisDevice || (ends == PieceEnds::kPeerDevice && peer_average < kPeerKernelMaxAverage);
     case CudaCopyPath::kKernel:
       return ends != PieceEnds::kElsewhere;
     case CudaCopyPath::kCopyEngine:

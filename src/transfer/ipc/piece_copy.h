@@ -47,12 +47,17 @@ enum class PieceEnds : uint8_t {
   kElsewhere,   // host memory, or memory it cannot address
 };
 
-// Whether `path` copies a piece whose ends are `ends` with the kernel. Across
-// GPUs (kPeerDevice) only when asked for (kKernel): over NVLink the kernel
-// moved 1.75 MiB KV blocks faster than the copy engines (`scripts/device-check
-// --two-gpus`), other shapes are not measured there, and over PCIe SM loads
-// from a peer are known to trail the copy engines.
-bool copies_with_kernel(CudaCopyPath path, PieceEnds ends);
+// Whether `path` copies a piece whose ends are `ends` with the kernel, where
+// the transfer's pieces across GPUs (kPeerDevice) average `peer_average`
+// bytes. Across GPUs `auto` takes the kernel for pieces of less than 8 MiB on
+// average: over NVLink (H200 pair, `scripts/device-check --two-gpus`) it moved
+// 1.75 MiB KV blocks at 344 GB/s against 214-244 by the copy engines, 1 and 4
+// MiB pieces 2-18% faster, but 16 and 64 MiB pieces 2-3% slower, and a P/D
+// transfer whose blocks merge into large pieces no faster. Over PCIe SM
+// loads from a peer are known to trail the copy engines; `copy_engine` keeps
+// them there.
+bool copies_with_kernel(CudaCopyPath path, PieceEnds ends, uint64_t peer_average);
+inline constexpr uint64_t kPeerKernelMaxAverage = uint64_t{8} << 20;
 
 // Copies `by_kernel` with one gather-kernel launch on `device` (after its piece
 // table is uploaded), then `by_copy_engine` with cudaMemcpyAsync, on one
