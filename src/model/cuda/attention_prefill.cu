@@ -4,8 +4,9 @@
 // 64 query rows, kPrefillTileRows) for one query head, or for a pair of query
 // heads that share a kv head (even GQA groups), so every K/V tile brought into
 // shared memory serves 64 or 128 rows. Each warp computes kWarpRows rows of
-// one head (CudaModelOptions::prefill_warp_rows):
-//  - 32 (the default; FlashAttention-2's layout): two m16 row tiles per warp,
+// one head (AttentionArgs::prefill_warp_rows; the model takes 32 where a
+// pass's CTAs fill every SM twice and in batch-invariant mode, 16 otherwise):
+//  - 32 (FlashAttention-2's layout): two m16 row tiles per warp,
 //    two warps per head, so every K and V fragment a warp loads with ldmatrix
 //    feeds two MMAs. The loop is bound by shared-memory reads, not by the
 //    tensor cores; this cuts those reads from 1/2 ldmatrix.x4 per MMA to 3/8

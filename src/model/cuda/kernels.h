@@ -112,8 +112,9 @@ struct AttentionArgs {
   // Query heads per prefill CTA (they share a kv head): 1 or 2; 0 = 2 when the GQA group is even.
   int prefill_heads_per_cta = 0;
   // Query rows per prefill warp (prefill_warp_rows_supported): 32, two m16 tiles sharing each K/V
-  // fragment; or 16, one tile (the earlier kernel, for comparison). Each keeps a row's result
-  // independent of its batch and chunking; at head_dim 128 the two differ by rounding.
+  // fragment; or 16, one tile and twice the warps per CTA (faster for passes of few CTAs). Each
+  // keeps a row's result independent of its batch and chunking; at head_dim 128 the two differ
+  // by rounding. The model chooses per pass (CudaModelOptions::prefill_warp_rows).
   int prefill_warp_rows = 32;
 };
 
