@@ -52,7 +52,7 @@ enum class PieceEnds : uint8_t {
 // bytes. Across GPUs `auto` takes the kernel for pieces of less than 8 MiB on
 // average: over NVLink (H200 pair, `scripts/device-check --two-gpus`) it moved
 // 1.75 MiB KV blocks at 344 GB/s against 214-244 by the copy engines, 1 and 4
-// MiB pieces 2-18% faster, but 16 and 64 MiB pieces 2-3% slower, and a P/D
+// MiB pieces 1-17% faster, but 16 and 64 MiB pieces 2-3% slower, and a P/D
 // transfer whose blocks merge into large pieces no faster. Over PCIe SM
 // loads from a peer are known to trail the copy engines; `copy_engine` keeps
 // them there.
