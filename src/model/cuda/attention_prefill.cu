@@ -344,7 +344,7 @@ cudaError_t launch_for(const AttentionArgs& a, int num_items, const LaunchConfig
 template <int kHeadDim, int kWarpRows>
 cudaError_t launch_for(const AttentionArgs& a, int num_items, const LaunchConfig& launch) {
   // Pairs of query heads share a CTA when they share a kv head (even GQA groups).
-  if ((a.num_heads / a.num_kv_heads) % 2 == 0 && a.prefill_heads_per_cta != 1)
+  if (prefill_heads_per_cta(a.num_heads, a.num_kv_heads, a.prefill_heads_per_cta) == 2)
     return launch_for<kHeadDim, 2, kWarpRows>(a, num_items, launch);
   return launch_for<kHeadDim, 1, kWarpRows>(a, num_items, launch);
 }
@@ -358,6 +358,10 @@ cudaError_t launch_for(const AttentionArgs& a, int num_items, const LaunchConfig
 }  // namespace
 
 bool prefill_warp_rows_supported(int rows) { return rows == 16 || rows == 32; }
+
+int prefill_heads_per_cta(int num_heads, int num_kv_heads, int option) {
+  return (num_heads / num_kv_heads) % 2 == 0 && option != 1 ? 2 : 1;
+}
 
 cudaError_t launch_prefill_attention(const AttentionArgs& args, int num_items, LaunchConfig launch) {
   if (num_items <= 0) return cudaSuccess;

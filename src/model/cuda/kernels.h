@@ -128,6 +128,9 @@ cudaError_t launch_decode_attention(const AttentionArgs& args, int num_decode, i
                                     LaunchConfig launch);
 
 bool prefill_warp_rows_supported(int rows);  // 16 or 32
+// Query heads per prefill attention CTA for AttentionArgs::prefill_heads_per_cta = `option`:
+// 2 when the GQA group is even and the option allows it, else 1.
+int prefill_heads_per_cta(int num_heads, int num_kv_heads, int option);
 
 // Causal prefill attention over num_items (sequence, query tile) work items,
 // with tensor cores (bf16 inputs, fp32 scores and softmax, bf16 probabilities).

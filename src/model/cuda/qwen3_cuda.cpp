@@ -241,7 +241,7 @@ struct CudaQwen3::Impl {
   int prefill_warp_rows(int items) const {
     if (opt.prefill_warp_rows != 0) return opt.prefill_warp_rows;
     if (opt.batch_invariant) return 32;
-    const int heads_per_cta = (cfg.num_heads / cfg.num_kv_heads) % 2 == 0 && opt.prefill_heads_per_cta != 1 ? 2 : 1;
+    const int heads_per_cta = cuda::prefill_heads_per_cta(cfg.num_heads, cfg.num_kv_heads, opt.prefill_heads_per_cta);
     const long ctas = static_cast<long>(items) * (cfg.num_heads / heads_per_cta);
     return ctas >= 2L * sm_count ? 32 : 16;
   }

@@ -191,19 +191,24 @@ Ok copy_engines(std::span<const CopyPiece> pieces, cudaStream_t stream) {
   return {};
 }
 
-// The launch parameters of `pieces` (no more than N of them with bytes).
-template <int N>
-void fill_params(std::span<const CopyPiece> pieces, const GatherShare& share, GatherParams<N>* params) {
-  params->pieces = 0;
-  params->total = share.total;
-  params->per_cta = share.per_cta;
+// The pieces with bytes, laid end to end, into `out`; how many.
+uint32_t write_pieces(std::span<const CopyPiece> pieces, GatherPiece* out) {
+  uint32_t k = 0;
   uint64_t begin = 0;
   for (const CopyPiece& p : pieces) {
     if (p.bytes == 0) continue;
-    params->piece[params->pieces++] =
-        GatherPiece{static_cast<const char*>(p.src), static_cast<char*>(p.dst), p.bytes, begin};
+    out[k++] = GatherPiece{static_cast<const char*>(p.src), static_cast<char*>(p.dst), p.bytes, begin};
     begin += p.bytes;
   }
+  return k;
+}
+
+// The launch parameters of `pieces` (no more than N of them with bytes).
+template <int N>
+void fill_params(std::span<const CopyPiece> pieces, const GatherShare& share, GatherParams<N>* params) {
+  params->total = share.total;
+  params->per_cta = share.per_cta;
+  params->pieces = write_pieces(pieces, params->piece);
 }
 
 // Launches the kernel over `pieces`, their table in the launch's parameters
@@ -241,14 +246,7 @@ Ok gather_kernel(std::span<const CopyPiece> pieces, bool* launched) {
     const size_t table_bytes = n * sizeof(GatherPiece);
     SIESTA_ASSIGN_OR_RETURN(char* host, t_copy.host_table(table_bytes));
     SIESTA_ASSIGN_OR_RETURN(char* device, t_copy.device_table(table_bytes));
-    auto* table = reinterpret_cast<GatherPiece*>(host);
-    uint64_t begin = 0;
-    size_t k = 0;
-    for (const CopyPiece& p : pieces) {
-      if (p.bytes == 0) continue;
-      table[k++] = GatherPiece{static_cast<const char*>(p.src), static_cast<char*>(p.dst), p.bytes, begin};
-      begin += p.bytes;
-    }
+    write_pieces(pieces, reinterpret_cast<GatherPiece*>(host));
     e = cudaMemcpyAsync(device, host, table_bytes, cudaMemcpyHostToDevice, stream);
     if (e != cudaSuccess) return cuda_rt_error("uploading the gather kernel's piece table", e);
     e = launch_gather_copy(reinterpret_cast<const GatherPiece*>(device), static_cast<uint32_t>(n), share, stream);
