@@ -212,6 +212,7 @@ int main(int argc, char** argv) {
     int prefill_heads_per_cta;
     int prefill_warp_rows;
     int decode_partition_tokens;
+    bool fused_decode = false;
   };
   const Mode mode_list[] = {{"default", false, true, true, true, 0, 0, 0},
                             {"default_without_overlap", false, false, true, false, 0, 0, 0},
@@ -221,6 +222,7 @@ int main(int argc, char** argv) {
                             {"default_decode_partition_64", false, true, true, false, 0, 0, 64},
                             {"default_decode_partition_128", false, true, true, false, 0, 0, 128},
                             {"default_decode_partition_256", false, true, true, false, 0, 0, 256},
+                            {"default_fused_decode", false, true, true, false, 0, 0, 0, true},
                             {"batch_invariant", true, true, true, true, 0, 0, 0}};
   for (const Mode& md : mode_list) {
     const bool invariant = md.invariant;
@@ -231,6 +233,7 @@ int main(int argc, char** argv) {
     opt.prefill_heads_per_cta = md.prefill_heads_per_cta;
     opt.prefill_warp_rows = md.prefill_warp_rows;
     opt.decode_partition_tokens = md.decode_partition_tokens;
+    opt.fused_decode = md.fused_decode;
     opt.max_seqs = std::max(256, max_b);
     opt.max_batch_tokens = std::max({8192, max_p, max_b});
     opt.max_model_len = std::max(max_p, a.prompt + a.gen);
@@ -301,18 +304,18 @@ int main(int argc, char** argv) {
       std::printf(" | total %.3f\n", total);
       m.reset_profile();
     };
-    for (int B : a.batches) {
+    auto profile_decode = [&](CudaQwen3& m, int B, const std::string& name) {
       const int blocks = B * ((a.prompt + a.gen + 15) / 16);
-      const siesta::cuda::DeviceBuffer kv = check(model->allocate_kv_cache(blocks), "allocating the KV cache");
-      run_decode(*model, kv, B, a.prompt, 8, 1);  // warm-up
-      model->reset_profile();
-      run_decode(*model, kv, B, a.prompt, 16, 2);
+      const siesta::cuda::DeviceBuffer kv = check(m.allocate_kv_cache(blocks), "allocating the KV cache");
+      run_decode(m, kv, B, a.prompt, 8, 1);  // warm-up
+      m.reset_profile();
+      run_decode(m, kv, B, a.prompt, 16, 2);
       // The first step of run_decode is the prefill: subtract it by profiling it alone.
-      const auto with_prefill = model->profile();
-      model->reset_profile();
-      run_decode(*model, kv, B, a.prompt, 0, 2);
-      const auto prefill_only = model->profile();
-      model->reset_profile();
+      const auto with_prefill = m.profile();
+      m.reset_profile();
+      run_decode(m, kv, B, a.prompt, 0, 2);
+      const auto prefill_only = m.profile();
+      m.reset_profile();
       json j;
       double total = 0;
       for (const auto& [label, ms] : with_prefill) {
@@ -320,13 +323,22 @@ int main(int argc, char** argv) {
         for (const auto& [l2, ms2] : prefill_only)
           if (l2 == label) pre = ms2;
         j[label] = (ms - pre) / 16;
-        total += (ms - pre) / 16;
+        // The fused kernel's stages (fused_qkv, ...) are parts of its mark, fused_decode.
+        if (label.rfind("fused_", 0) != 0 || label == "fused_decode") total += (ms - pre) / 16;
       }
       j["total"] = total;
-      profile["decode_" + std::to_string(B)] = j;
-      std::printf("profile decode_%d (ms per step):", B);
+      profile[name] = j;
+      std::printf("profile %s (ms per step):", name.c_str());
       for (auto it = j.begin(); it != j.end(); ++it) std::printf(" %s %.4f", it.key().c_str(), it.value().get<double>());
       std::printf("\n");
+    };
+    for (int B : a.batches) profile_decode(*model, B, "decode_" + std::to_string(B));
+    {
+      // The fused decode kernel's stages (mean over its CTAs, and the slowest CTA's), batch 1.
+      CudaModelOptions fused = opt;
+      fused.fused_decode = true;
+      auto fm = check(CudaQwen3::load(a.model, alloc, fused), "loading " + a.model);
+      profile_decode(*fm, 1, "decode_1_fused");
     }
     for (int n : a.prefill) {
       run_prefill_ms(*model, n, 3);  // 12 runs
@@ -404,6 +416,12 @@ int main(int argc, char** argv) {
     std::printf("%-34s %14.2f %14.2f %14.2f %12.2f\n", ("prefill ms, " + k + " tokens").c_str(),
                 mv("default", "prefill", k, "ms"), mv("batch_invariant", "prefill", k, "ms"), hfv("prefill_ms", k),
                 mv("default", "prefill", k, "floor_ms"));
+  }
+  // Decode steps of up to 8 sequences as the fused persistent kernel, in the same run.
+  for (int B : a.batches) {
+    const std::string k = std::to_string(B);
+    std::printf("%-34s %14.0f %14s %14s %12s\n", ("decode tok/s, batch " + k + ", fused").c_str(),
+                mv("default_fused_decode", "decode", k, "tokens_per_s"), "", "", "");
   }
   // The earlier prefill attention kernel, measured in the same run (siesta column; default mode).
   for (int n : a.prefill) {

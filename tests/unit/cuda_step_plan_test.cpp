@@ -104,6 +104,7 @@ TEST(CudaStepPlan, DecodePaddingAddsCachelessRowsAndKeepsOffsetsFixed) {
   EXPECT_EQ(l3.block_tables, l5.block_tables);
   EXPECT_EQ(l3.sampling, l5.sampling);
   EXPECT_EQ(l3.banned, l5.banned);
+  EXPECT_EQ(l3.sync, l5.sync);
   EXPECT_EQ(l3.decode_seqs % 16, 0u);
 
   const auto prompt = iota_tokens(3);
@@ -191,6 +192,13 @@ TEST(CudaStepPlan, ImageHoldsTheArraysAndSamplingRecords) {
   EXPECT_EQ(b0, 3);
   std::memcpy(&rec, img->data() + l.sampling + 3 * sizeof(SamplingRecord), sizeof rec);
   EXPECT_EQ(rec.temperature, 0.0);  // padding rows are greedy
+  // The fused decode kernel's counters start at zero in every image.
+  ASSERT_LE(l.sync + kStepSyncWords * 4, l.block_tables);
+  for (int w = 0; w < kStepSyncWords; ++w) {
+    int32_t word = -1;
+    std::memcpy(&word, img->data() + l.sync + w * 4, 4);
+    ASSERT_EQ(word, 0) << "sync word " << w;
+  }
 
   std::vector<int32_t> too_many(40, 1);
   rows[0].banned = too_many;

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "model/cuda/device_util.cuh"
+#include "model/cuda/norm_rope.cuh"
 #include "model/cuda/kernels.h"
 
 namespace siesta::cuda {
@@ -124,50 +125,6 @@ __global__ __launch_bounds__(32 * kNormWarpRows) void add_rms_norm_warp_kernel(b
   }
 }
 
-// One warp per head vector. Lane l holds the rotation pairs (i, i + half) for
-// i = 2 l + 64 j and the one after it (bf16x2 loads and stores), so RoPE needs
-// no data exchange; the norm is one warp sum.
-template <int kHeadDim>
-__device__ void norm_rope_head(const bf16* src, const bf16* norm_w, const __nv_bfloat162* rope, float eps,
-                               bf16* dst) {
-  constexpr int kHalf = kHeadDim / 2;
-  constexpr int kSteps = (kHalf + 63) / 64;  // lanes cover 64 pairs per step
-  const int lane = threadIdx.x & 31;
-  float2 a[kSteps], b[kSteps];
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kSteps; ++j) {
-    const int i = 2 * lane + 64 * j;
-    if (i < kHalf) {
-      a[j] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src + i));
-      b[j] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(src + i + kHalf));
-      ss += a[j].x * a[j].x + a[j].y * a[j].y + b[j].x * b[j].x + b[j].y * b[j].y;
-    }
-  }
-  ss = dev::warp_sum(ss);
-  const float rs = rsqrtf(ss / static_cast<float>(kHeadDim) + eps);
-#pragma unroll
-  for (int j = 0; j < kSteps; ++j) {
-    const int i = 2 * lane + 64 * j;
-    if (i < kHalf) {
-      const float2 wa = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(norm_w + i));
-      const float2 wb = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(norm_w + i + kHalf));
-      const float x1[2] = {round_bf16(wa.x * round_bf16(a[j].x * rs)), round_bf16(wa.y * round_bf16(a[j].y * rs))};
-      const float x2[2] = {round_bf16(wb.x * round_bf16(b[j].x * rs)), round_bf16(wb.y * round_bf16(b[j].y * rs))};
-      float lo[2], hi[2];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        // As HF: cos/sin rounded to bf16 (the table), each product and the sum rounded.
-        const float2 cs = __bfloat1622float2(rope[i + e]);
-        lo[e] = round_bf16(x1[e] * cs.x) + round_bf16(-x2[e] * cs.y);
-        hi[e] = round_bf16(x2[e] * cs.x) + round_bf16(x1[e] * cs.y);
-      }
-      *reinterpret_cast<__nv_bfloat162*>(dst + i) = __floats2bfloat162_rn(lo[0], lo[1]);
-      *reinterpret_cast<__nv_bfloat162*>(dst + i + kHalf) = __floats2bfloat162_rn(hi[0], hi[1]);
-    }
-  }
-}
-
 template <int kHeadDim>
 __global__ void qk_norm_rope_kv_kernel(const bf16* qkv, const int32_t* positions, const int32_t* slots,
                                        const bf16* q_norm, const bf16* k_norm, const __nv_bfloat162* rope_table,
@@ -183,13 +140,13 @@ __global__ void qk_norm_rope_kv_kernel(const bf16* qkv, const int32_t* positions
   const int units = num_heads + 2 * num_kv_heads;
   for (int u = warp; u < units; u += warps) {
     if (u < num_heads) {
-      norm_rope_head<kHeadDim>(row + u * kHeadDim, q_norm, rope, eps,
+      dev::norm_rope_head<kHeadDim>(row + u * kHeadDim, q_norm, rope, eps,
                                q_out + (static_cast<size_t>(t) * num_heads + u) * kHeadDim);
     } else if (slot >= 0) {
       const int block = slot / kKvBlockSize, in_block = slot % kKvBlockSize;
       if (u < num_heads + num_kv_heads) {
         const int h = u - num_heads;
-        norm_rope_head<kHeadDim>(row + q_dim + h * kHeadDim, k_norm, rope, eps,
+        dev::norm_rope_head<kHeadDim>(row + q_dim + h * kHeadDim, k_norm, rope, eps,
                                  dev::kv_slot(kv, block, in_block, layer, 0, h));
       } else {
         const int h = u - num_heads - num_kv_heads;

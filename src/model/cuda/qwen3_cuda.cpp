@@ -27,6 +27,7 @@ static_assert(offsetof(cuda::SamplingRecord, banned_end) == offsetof(cuda::Sampl
 static_assert(cuda::kMaxBannedIdsPerRow == cuda::kMaxBannedPerRow);
 static_assert(cuda::kKvBlockSizeForPlan == cuda::kKvBlockSize);
 static_assert(cuda::kSampleOnHostToken == cuda::kSampleOnHost);
+static_assert(cuda::kStepSyncWords == cuda::kFusedDecodeSyncWords);
 
 namespace {
 
@@ -70,6 +71,7 @@ struct PassDevice {
   const int32_t *block_tables = nullptr, *decode_seqs = nullptr, *prefill_items = nullptr, *logits_rows = nullptr;
   const cuda::SamplingRowParams* sampling = nullptr;
   const int32_t* banned = nullptr;
+  uint32_t* sync = nullptr;  // zeroed by the upload (step_plan.h: kStepSyncWords)
   cuda::KvCacheDesc kv;
 };
 
@@ -183,6 +185,8 @@ struct CudaQwen3::Impl {
   void* gemm_ws = nullptr;
   std::byte* meta = nullptr;
   int32_t* sampled = nullptr;
+  unsigned long long* fused_profile = nullptr;  // [sm_count, kFusedDecodeProfileWords] (options.profile)
+  bool fused_profiled = false;                  // the fused kernel ran since the last collect_profile
   size_t meta_capacity = 0;
   int logits_rows_cap = 0;
   int partial_parts = 0;
@@ -192,6 +196,8 @@ struct CudaQwen3::Impl {
 
   std::unique_ptr<cuda::CublasLtGemm> gemm;
   bool gemv_ok = false;
+  bool fused_ok = false;    // the fused decode kernel has this shape (create)
+  size_t layer_stride = 0;  // elements between one layer's weights and the next's
   int sm_count = 132;  // of the model's device, read at create
   std::map<GraphKey, cudaGraphExec_t> graphs;
 
@@ -227,6 +233,13 @@ struct CudaQwen3::Impl {
   // batch 128). The line is the GEMV's (kGemvMaxRows), where results already
   // change with the batch; batch-invariant mode sends one-token chunks
   // through prefill attention and is not affected.
+  // The shape of an eager pass: a pure decode pass as a decode step of its size
+  // (so eager and graph steps take the same kernels and partitions).
+  cuda::StepShape shape_of(std::span<const cuda::PassChunk> pass) const {
+    for (const cuda::PassChunk& c : pass)
+      if (c.chunk.tokens.size() != 1) return shape();
+    return shape(static_cast<int>(pass.size()));
+  }
   int partition_tokens(int decode_batch = 0) const {
     if (opt.decode_partition_tokens > 0) return opt.decode_partition_tokens;
     if (decode_batch > 0 && decode_batch <= kShortPartitionBatch) return kShortPartitionTokens;
@@ -251,6 +264,8 @@ struct CudaQwen3::Impl {
   cuda::LaunchConfig launch() const { return {stream, opt.programmatic_launch}; }
 
   Result<void> load_weights(const TensorStore& store);
+  // Sets layer_stride; false if the layers' weights are not evenly spaced.
+  bool uniform_layer_stride();
   // Writes checked tensors into the weights buffer and computes the RoPE tables.
   Result<void> write_weights(const WeightsLayout& L, const std::vector<TensorView>& views);
   Result<void> init_buffers();
@@ -259,6 +274,8 @@ struct CudaQwen3::Impl {
                             const KvCacheView& kv);
   Result<void> linear(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K);
   Result<void> enqueue_layers(const PassDevice& p);
+  bool use_fused(const PassDevice& p) const;
+  Result<void> enqueue_fused_decode(const PassDevice& p);
   Result<void> enqueue_logits(const PassDevice& p, int r0, int r1);
   Result<void> enqueue_step(const PassDevice& p, bool sample);
   Result<void> copy_logits_rows(int device_row, int rows, float* host);
@@ -268,6 +285,20 @@ struct CudaQwen3::Impl {
   Result<void> decode_step(std::span<const SequenceChunk> batch, const KvCacheView& kv,
                            std::span<const cuda::SamplingRow> rows, bool sample);
 };
+
+bool CudaQwen3::Impl::uniform_layer_stride() {
+  layer_stride = layers.size() > 1 ? static_cast<size_t>(layers[1].qkv - layers[0].qkv) : 0;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const LayerWeights& a = layers[0];
+    const LayerWeights& b = layers[l];
+    const size_t off = l * layer_stride;
+    if (b.qkv != a.qkv + off || b.o != a.o + off || b.gate_up != a.gate_up + off || b.down != a.down + off ||
+        b.input_norm != a.input_norm + off || b.post_norm != a.post_norm + off || b.q_norm != a.q_norm + off ||
+        b.k_norm != a.k_norm + off)
+      return false;
+  }
+  return true;
+}
 
 Result<void> CudaQwen3::Impl::load_weights(const TensorStore& store) {
   const WeightsLayout L = weights_layout(cfg, opt.max_model_len);
@@ -336,7 +367,8 @@ Result<void> CudaQwen3::Impl::init_buffers() {
   partial_parts = parts_for(partition_tokens());
   const size_t max_blocks_per_seq = (opt.max_model_len + kBlockSize - 1) / kBlockSize;
   // Every section of the step image at its largest, plus alignment.
-  const size_t ints = 3 * T + 5 * S + 2 * (T / cuda::kPrefillTileRows + S) + T + S * max_blocks_per_seq;
+  const size_t ints =
+      3 * T + 5 * S + 2 * (T / cuda::kPrefillTileRows + S) + T + S * max_blocks_per_seq + cuda::kStepSyncWords;
   meta_capacity = align_up(ints * 4 + S * (sizeof(cuda::SamplingRecord) + cuda::kMaxBannedPerRow * 4) + 16 * 16, kAlign);
 
   size_t at = 0;
@@ -361,6 +393,7 @@ Result<void> CudaQwen3::Impl::init_buffers() {
   const size_t ws_off = take(kGemmWorkspaceBytes);
   const size_t meta_off = take(meta_capacity);
   const size_t sampled_off = take(S * 4);
+  const size_t fused_profile_off = take(static_cast<size_t>(sm_count) * cuda::kFusedDecodeProfileWords * 8);
   SIESTA_ASSIGN_OR_RETURN(scratch, cuda::DeviceBuffer::allocate(*alloc, at, cuda::DeviceMemoryTag::kScratch));
   std::byte* b = scratch.as<std::byte>();
   x = reinterpret_cast<bf16*>(b + x_off);
@@ -378,6 +411,7 @@ Result<void> CudaQwen3::Impl::init_buffers() {
   gemm_ws = b + ws_off;
   meta = b + meta_off;
   sampled = reinterpret_cast<int32_t*>(b + sampled_off);
+  fused_profile = reinterpret_cast<unsigned long long*>(b + fused_profile_off);
 
   SIESTA_CUDA_TRY(cudaMallocHost(&host_meta, meta_capacity), "allocating pinned host memory for step metadata");
   SIESTA_CUDA_TRY(cudaMallocHost(&host_sampled, S * 4), "allocating pinned host memory for sampled tokens");
@@ -440,6 +474,7 @@ Result<PassDevice> CudaQwen3::Impl::upload(const cuda::StepPlan& plan, bool samp
   p.logits_rows = at(L.logits_rows);
   p.sampling = reinterpret_cast<const cuda::SamplingRowParams*>(meta + L.sampling);
   p.banned = at(L.banned);
+  p.sync = reinterpret_cast<uint32_t*>(meta + L.sync);
   p.kv = {static_cast<bf16*>(kv.base), cfg.num_layers, cfg.num_kv_heads, cfg.head_dim};
   return p;
 }
@@ -450,7 +485,79 @@ Result<void> CudaQwen3::Impl::linear(const bf16* a, const bf16* w, void* out, bo
   return gemm->run(a, w, out, out_f32, M, N, K, stream);
 }
 
+// A pure decode pass of up to 8 sequences at the 64-token partition: the
+// fused kernel, which gives the same bits as the per-layer kernels below.
+bool CudaQwen3::Impl::use_fused(const PassDevice& p) const {
+  return fused_ok && opt.fused_decode && use_gemv(p.T) && p.W == 0 && p.D == p.T && p.S == p.T &&
+         p.partition_tokens == kShortPartitionTokens;
+}
+
+Result<void> CudaQwen3::Impl::enqueue_fused_decode(const PassDevice& p) {
+  const LayerWeights& w = layers[0];
+  cuda::FusedDecodeArgs f;
+  cuda::AttentionArgs& aa = f.attn;
+  aa.out = attn;
+  aa.kv = p.kv;
+  aa.num_heads = cfg.num_heads;
+  aa.num_kv_heads = cfg.num_kv_heads;
+  aa.head_dim = cfg.head_dim;
+  aa.scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
+  aa.seq_q_start = p.q_start;
+  aa.seq_q_len = p.q_len;
+  aa.seq_kv_len = p.kv_len;
+  aa.seq_table_start = p.table_start;
+  aa.block_tables = p.block_tables;
+  aa.decode_seqs = p.decode_seqs;
+  aa.partial_out = partial_out;
+  aa.partial_ml = partial_ml;
+  aa.partial_parts = p.partial_parts;
+  aa.partition_tokens = p.partition_tokens;
+  f.M = p.T;
+  f.num_layers = cfg.num_layers;
+  f.hidden = hidden();
+  f.inter = cfg.intermediate_size;
+  f.eps = eps();
+  f.tokens = p.tokens;
+  f.positions = p.positions;
+  f.slots = p.slots;
+  f.embed = embed;
+  f.rope_table = rope_table;
+  f.qkv_w = w.qkv;
+  f.o_w = w.o;
+  f.gate_up_w = w.gate_up;
+  f.down_w = w.down;
+  f.input_norm = w.input_norm;
+  f.post_norm = w.post_norm;
+  f.q_norm = w.q_norm;
+  f.k_norm = w.k_norm;
+  f.layer_stride = layer_stride;
+  f.x = x;
+  f.qkv = qkv;
+  f.act = act;
+  f.sync = p.sync;
+  if (opt.profile) {
+    if (!fused_profiled)
+      SIESTA_CUDA_TRY(cudaMemsetAsync(fused_profile, 0, sm_count * cuda::kFusedDecodeProfileWords * 8, stream),
+                      "clearing the fused decode profile");
+    f.profile = fused_profile;
+    fused_profiled = true;
+  }
+  const cudaError_t err = cuda::launch_fused_decode(f, sm_count, launch());
+  if (err == cudaErrorCooperativeLaunchTooLarge || err == cudaErrorInvalidValue) {
+    // Its CTAs cannot all be resident (or its shared-memory plan does not fit):
+    // the per-layer kernels from now on. Nothing was launched.
+    (void)cudaGetLastError();
+    fused_ok = false;
+    SIESTA_LOG_WARN("cuda: fused decode kernel unavailable ({}); using per-layer kernels", cudaGetErrorString(err));
+    return enqueue_layers(p);
+  }
+  SIESTA_CUDA_TRY(err, "fused decode step");
+  mark("fused_decode");
+  return {};
+}
+
 Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
+  if (use_fused(p)) return enqueue_fused_decode(p);
   const int T = p.T, H = hidden(), QD = cfg.q_dim(), I = cfg.intermediate_size;
   const bool small = use_gemv(T);
   // The first kernel of a pass follows the metadata copy, not a kernel: no overlap.
@@ -602,9 +709,43 @@ void CudaQwen3::Impl::mark(const char* label) {
   marks.emplace_back(label, e);
 }
 
-// Adds the time between consecutive marks to each mark's label; call after a sync.
+// Adds the time between consecutive marks to each mark's label, and the fused
+// decode kernel's stages (mean over its CTAs) as "fused_<stage>"; call after a sync.
 void CudaQwen3::Impl::collect_profile() {
   if (!opt.profile) return;
+  if (fused_profiled) {
+    fused_profiled = false;
+    constexpr int W = cuda::kFusedDecodeProfileWords, N = cuda::kFusedDecodeProfileStages;
+    std::vector<unsigned long long> rows(static_cast<size_t>(sm_count) * W);
+    if (cudaMemcpy(rows.data(), fused_profile, rows.size() * 8, cudaMemcpyDeviceToHost) == cudaSuccess) {
+      static const char* const kStages[N + 1] = {
+          "fused_qkv_stage", "fused_qkv",           "fused_qkv_sync",     "fused_qk_norm",  "fused_attention",
+          "fused_reduce",    "fused_attention_sync", "fused_o_stage",     "fused_o",        "fused_o_sync",
+          "fused_gate_up_stage", "fused_gate_up",  "fused_gate_up_sync", "fused_down_stage", "fused_down",
+          "fused_down_sync", "fused_weight_wait"};
+      double sum[N + 1] = {}, top[N + 1] = {}, cycles = 0, ns = 0;
+      for (int b = 0; b < sm_count; ++b) {
+        for (int i = 0; i <= N; ++i) {
+          sum[i] += static_cast<double>(rows[b * W + i]);
+          top[i] = std::max(top[i], static_cast<double>(rows[b * W + i]));
+        }
+        cycles += static_cast<double>(rows[b * W + N + 1]);
+        ns += static_cast<double>(rows[b * W + N + 2]);
+      }
+      const double ms_per_cycle = cycles > 0 ? ns / cycles * 1e-6 : 0;
+      SIESTA_LOG_DEBUG("cuda: fused decode ran at {:.2f} GHz (SM cycles per ns)", ns > 0 ? cycles / ns : 0.0);
+      auto add = [&](const std::string& label, double ms) {
+        auto it = std::find_if(profile_ms.begin(), profile_ms.end(), [&](const auto& p) { return p.first == label; });
+        if (it == profile_ms.end()) profile_ms.emplace_back(label, ms);
+        else it->second += ms;
+      };
+      // Mean over the CTAs, and the slowest CTA's.
+      for (int i = 0; i <= N; ++i) {
+        add(kStages[i], sum[i] / sm_count * ms_per_cycle);
+        add(std::string(kStages[i]) + "_max", top[i] * ms_per_cycle);
+      }
+    }
+  }
   for (size_t i = 1; i < marks.size(); ++i) {
     float ms = 0;
     if (cudaEventElapsedTime(&ms, marks[i - 1].second, marks[i].second) != cudaSuccess) continue;
@@ -737,6 +878,9 @@ Result<std::unique_ptr<CudaQwen3>> CudaQwen3::create(const ModelConfig& cfg, con
     return invalid_argument("CUDA model: batch-invariant mode needs vocab_size and q/k/v widths divisible by 8");
   SIESTA_TRY(impl->load_weights(store));
   SIESTA_TRY(impl->init_buffers());
+  impl->fused_ok = impl->gemv_ok && impl->uniform_layer_stride() &&
+                   cuda::fused_decode_supported(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, H, I,
+                                                cuda::kFusedDecodeMaxRows);
   SIESTA_LOG_INFO("cuda: Qwen3 loaded ({} layers, hidden {}), weights {:.1f} MiB, scratch {:.1f} MiB{}",
                   cfg.num_layers, H, impl->weights.bytes() / 1048576.0, impl->scratch.bytes() / 1048576.0,
                   options.batch_invariant ? ", batch-invariant" : "");
@@ -807,7 +951,7 @@ Result<void> CudaQwen3::forward(std::span<const SequenceChunk> batch, const KvCa
 
   std::vector<size_t> cursor(out.first_row);  // next output row per sequence
   for (const auto& pass : cuda::split_into_passes(batch, {m.opt.max_batch_tokens, m.opt.max_seqs})) {
-    SIESTA_ASSIGN_OR_RETURN(cuda::StepPlan plan, cuda::plan_pass(pass, 0, m.shape()));
+    SIESTA_ASSIGN_OR_RETURN(cuda::StepPlan plan, cuda::plan_pass(pass, 0, m.shape_of(pass)));
     SIESTA_ASSIGN_OR_RETURN(PassDevice p, m.upload(plan, false, {}, kv));
     SIESTA_TRY(m.enqueue_layers(p));
     for (int r0 = 0; r0 < p.R; r0 += m.logits_rows_cap) {
@@ -873,7 +1017,7 @@ Result<void> CudaQwen3::forward_sample(std::span<const SequenceChunk> batch, con
   }
 
   for (const auto& pass : cuda::split_into_passes(last_only, {m.opt.max_batch_tokens, m.opt.max_seqs})) {
-    SIESTA_ASSIGN_OR_RETURN(cuda::StepPlan plan, cuda::plan_pass(pass, 0, m.shape()));
+    SIESTA_ASSIGN_OR_RETURN(cuda::StepPlan plan, cuda::plan_pass(pass, 0, m.shape_of(pass)));
     std::vector<cuda::SamplingRow> pass_rows;
     std::vector<size_t> pass_seqs;  // the sequence of each logits row
     for (size_t c = 0; c < pass.size(); ++c)

@@ -80,6 +80,12 @@ struct CudaModelOptions {
   // Decode attention partition (kernels.h: 64, 128 or 256 tokens) for every pass; 0: 64 tokens for
   // decode steps of up to 8 sequences (more CTAs where few would run), 256 otherwise.
   int decode_partition_tokens = 0;
+  // Decode steps of up to 8 sequences as one persistent kernel (kernels.h: launch_fused_decode)
+  // instead of ~6 kernels per layer; the same bits either way. Off by default: on the H200 it is
+  // 4-6% slower than the kernels it replaces (bench/results/cuda_notes.md). Needs the default
+  // decode partition (64 tokens at that size) and a compiled shape (head_dim 64 or 128, GQA
+  // group 1, 2, 4 or 8).
+  bool fused_decode = false;
   // Time each kernel group with CUDA events between eager launches (no graphs);
   // read with CudaQwen3::profile(). For finding where time goes, not for speed.
   bool profile = false;

@@ -168,7 +168,8 @@ StepLayout step_layout(const StepPlan& plan, bool sampling) {
   l.logits_rows = take(R * 4);
   l.sampling = take(sampling ? R * sizeof(SamplingRecord) : 0);
   l.banned = take(sampling ? R * kMaxBannedIdsPerRow * 4 : 0);
-  l.block_tables = take(plan.block_tables.size() * 4);
+  l.sync = take(kStepSyncWords * 4);
+  l.block_tables = take(plan.block_tables.size() * 4);  // last: its size varies from step to step
   l.end = at;
   l.has_sampling = sampling;
   return l;

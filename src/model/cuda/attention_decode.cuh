@@ -1,0 +1,267 @@
+// Decode attention as device functions: the work item of one CTA (a kv head's
+// query group over one partition of a sequence's context) and the reduction of
+// a head's partitions. The decode attention kernel runs one item per CTA; the
+// fused decode kernel (decode_fused.cu) runs items on resident CTAs. Both give
+// the same bits. .cu files only.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "model/cuda/device_util.cuh"
+#include "model/cuda/kernels.h"
+
+namespace siesta::cuda::dev {
+
+inline constexpr int kDecodeThreads = 128;  // threads of one work item
+inline constexpr int kDecodeWarps = kDecodeThreads / 32;
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// K and V rows of one kv head of a sequence, in the paged cache.
+struct CacheRows {
+  static constexpr int kKBatch = 16;  // 16-byte K loads in flight per lane
+  static constexpr int kVBatch = 8;   // and V loads
+  KvCacheDesc kv;
+  const int32_t* table;  // the sequence's block table
+  int layer, kvh;
+  __device__ const bf16* k(int t) const { return kv_slot(kv, table[t / kKvBlockSize], t % kKvBlockSize, layer, 0, kvh); }
+  __device__ const bf16* v(int t) const { return kv_slot(kv, table[t / kKvBlockSize], t % kKvBlockSize, layer, 1, kvh); }
+};
+__device__ inline CacheRows cache_rows(const AttentionArgs& a, int dslot, int kvh) {
+  return {a.kv, a.block_tables + a.seq_table_start[a.decode_seqs[dslot]], a.layer, kvh};
+}
+
+template <int kHeadDim, int kGroup, int kP>
+struct DecodeAttentionSmem {
+  __align__(16) float q[kGroup][kHeadDim];
+  float p[kGroup][kP];
+  __align__(16) float red[kDecodeWarps][kGroup][kHeadDim];
+  float stat[kGroup][2];
+  float group[kDecodeWarps][kGroup];
+};
+
+// One CTA per (kv head, partition of kP tokens, sequence) serves the whole GQA
+// group of that kv head, so K and V are read once per group. Memory-bound, so
+// plain fp32 FMAs: lane-per-token dot products for the scores, a fixed-order
+// softmax over the partition, and lane-per-dimension weighted sums of V
+// (coalesced rows). A sequence of one partition gets its output rows; longer
+// ones write normalised partial outputs with their (max, sum), combined in
+// partition order by reduce_partitions. Every order depends only on the
+// sequence's own length.
+//
+// Threads 0 .. kDecodeThreads-1 call it; `sync()` is their barrier. q_group:
+// the group's query heads [kGroup][kHeadDim], after q norm + RoPE (global or
+// shared memory). rows.k(t) / rows.v(t): the K / V row of the kv head at
+// position t (CacheRows: in the cache; or a copy in shared memory). Returns
+// the sequence's partition count (0: padding).
+template <int kHeadDim, int kGroup, int kP, class Rows, class Sync>
+__device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh, int part, const bf16* q_group,
+                                     const Rows& rows, DecodeAttentionSmem<kHeadDim, kGroup, kP>& sm, Sync sync) {
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per K row
+  auto& q_s = sm.q;
+  auto& p_s = sm.p;
+  auto& red_s = sm.red;
+  auto& stat_s = sm.stat;
+  auto& group_s = sm.group;
+
+  const int seq = a.decode_seqs[dslot];
+  const int kv_len = a.seq_kv_len[seq];
+  const int row = a.seq_q_start[seq];
+  const int h0 = kvh * kGroup;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  bf16* out_row = a.out + static_cast<size_t>(row) * a.num_heads * kHeadDim;
+
+  if (kv_len <= 0) {  // padding: defined output, no cache reads
+    if (part == 0)
+      for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kDecodeThreads) out_row[h0 * kHeadDim + i] = __float2bfloat16(0.0f);
+    return 0;
+  }
+  const int nparts = (kv_len + kP - 1) / kP;
+  if (part >= nparts) return nparts;
+
+  // Scores are kept in the log2 domain: q is pre-scaled by scale * log2(e).
+  const float qscale = a.scale * kLog2e;
+  for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kDecodeThreads) {
+    const int g = i / kHeadDim, d = i % kHeadDim;
+    q_s[g][d] = __bfloat162float(q_group[g * kHeadDim + d]) * qscale;
+  }
+  sync();
+
+  const int p0 = part * kP;
+  const int n = min(kv_len, p0 + kP) - p0;
+
+  // Scores: lane j of a warp takes token c*32 + j; all its K loads go out first.
+  for (int c = warp; c * 32 < n; c += kDecodeWarps) {
+    const int j = c * 32 + lane;
+    if (j < n) {
+      const int t = p0 + j;
+      const uint4* kp = reinterpret_cast<const uint4*>(rows.k(t));
+      float s[kGroup];
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) s[g] = 0.0f;
+      // The K row in batches of Rows::kKBatch 16-byte loads (all of it from the
+      // cache, where every load is a round trip); the same sums either way.
+      constexpr int kBatch = Rows::kKBatch < kChunks ? Rows::kKBatch : kChunks;
+#pragma unroll
+      for (int c0 = 0; c0 < kChunks; c0 += kBatch) {
+        uint4 kr[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) kr[i] = kp[c0 + i];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int ch = c0 + i;
+          float kf[8];
+          dev::unpack8(kr[i], kf);
+#pragma unroll
+          for (int g = 0; g < kGroup; ++g) {
+            const float4 qa = *reinterpret_cast<const float4*>(&q_s[g][ch * 8]);
+            const float4 qb = *reinterpret_cast<const float4*>(&q_s[g][ch * 8 + 4]);
+            s[g] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] + qb.y * kf[5] +
+                    qb.z * kf[6] + qb.w * kf[7];
+          }
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) p_s[g][j] = s[g];
+    }
+  }
+  sync();
+
+  // Softmax over the partition, all heads of the group at once, in a fixed order.
+  {
+    float m[kGroup], l[kGroup];
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      m[g] = -INFINITY;
+      for (int j = threadIdx.x; j < n; j += kDecodeThreads) m[g] = fmaxf(m[g], p_s[g][j]);
+      m[g] = dev::warp_max(m[g]);
+    }
+    if (lane == 0)
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) group_s[warp][g] = m[g];
+    sync();
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      m[g] = group_s[0][g];
+#pragma unroll
+      for (int w = 1; w < kDecodeWarps; ++w) m[g] = fmaxf(m[g], group_s[w][g]);
+      l[g] = 0.0f;
+      for (int j = threadIdx.x; j < n; j += kDecodeThreads) {
+        const float e = exp2f(p_s[g][j] - m[g]);
+        p_s[g][j] = e;
+        l[g] += e;
+      }
+      l[g] = dev::warp_sum(l[g]);
+    }
+    sync();  // every thread has read group_s
+    if (lane == 0)
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) group_s[warp][g] = l[g];
+    sync();
+    if (threadIdx.x < kGroup) {
+      const int g = threadIdx.x;
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) sum += group_s[w][g];
+      stat_s[g][1] = sum;
+    }
+    if (threadIdx.x == 0)
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) stat_s[g][0] = m[g];
+  }
+  sync();
+
+  // P V: a V row is kHeadDim / 8 lanes of 16 bytes, so a warp covers
+  // kTokensPerStep tokens per load and keeps kUnroll loads in flight per lane.
+  constexpr int kLanesPerToken = kHeadDim / 8;
+  constexpr int kTokensPerStep = 32 / kLanesPerToken;
+  constexpr int kUnroll = Rows::kVBatch;  // V loads in flight per lane (the visiting order is the same)
+  const int sub = lane / kLanesPerToken, dim0 = (lane % kLanesPerToken) * 8;
+  float o[kGroup][8];
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[g][e] = 0.0f;
+  constexpr int kStride = kDecodeWarps * kTokensPerStep;
+  for (int j0 = warp * kTokensPerStep + sub; j0 < n; j0 += kStride * kUnroll) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = j0 + u * kStride;
+      if (j < n) {
+        const int t = p0 + j;
+        v[u] = *reinterpret_cast<const uint4*>(rows.v(t) + dim0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = j0 + u * kStride;
+      if (j < n) {
+        float vf[8];
+        dev::unpack8(v[u], vf);
+#pragma unroll
+        for (int g = 0; g < kGroup; ++g) {
+          const float pj = p_s[g][j];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) o[g][e] += pj * vf[e];
+        }
+      }
+    }
+  }
+  // Lanes that share dimensions (different token slots) combine, in a fixed order.
+#pragma unroll
+  for (int off = kLanesPerToken; off < 32; off <<= 1)
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[g][e] += __shfl_xor_sync(0xffffffffu, o[g][e], off);
+  if (sub == 0)
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) red_s[warp][g][dim0 + e] = o[g][e];
+  sync();
+
+  for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kDecodeThreads) {
+    const int g = i / kHeadDim, d = i % kHeadDim;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) sum += red_s[w][g][d];
+    const float val = sum / stat_s[g][1];
+    if (nparts == 1) {
+      out_row[(h0 + g) * kHeadDim + d] = __float2bfloat16(val);
+    } else {
+      const size_t base = (static_cast<size_t>(dslot) * a.num_heads + h0 + g) * a.partial_parts + part;
+      a.partial_out[base * kHeadDim + d] = val;
+      if (d == 0) {
+        a.partial_ml[base * 2] = stat_s[g][0];
+        a.partial_ml[base * 2 + 1] = stat_s[g][1];
+      }
+    }
+  }
+  return nparts;
+}
+
+// The output of head h of decode slot dslot at dimension d, combined from its
+// nparts partitions in partition order (read through L2: other CTAs of the
+// same kernel may have written them).
+template <int kHeadDim>
+__device__ float reduce_partitions(const AttentionArgs& a, int dslot, int h, int nparts, int d) {
+  const size_t base = (static_cast<size_t>(dslot) * a.num_heads + h) * a.partial_parts;
+  // Unrolled so that each group of loads goes out together (the loop is
+  // latency-bound); the order of the sums stays partition order.
+  float m = -INFINITY;
+#pragma unroll 8
+  for (int p = 0; p < nparts; ++p) m = fmaxf(m, __ldcg(a.partial_ml + (base + p) * 2));
+  float num = 0.0f, den = 0.0f;
+#pragma unroll 8
+  for (int p = 0; p < nparts; ++p) {
+    const float w = __ldcg(a.partial_ml + (base + p) * 2 + 1) * exp2f(__ldcg(a.partial_ml + (base + p) * 2) - m);
+    num += w * __ldcg(a.partial_out + (base + p) * kHeadDim + d);
+    den += w;
+  }
+  return num / den;
+}
+
+}  // namespace siesta::cuda::dev
