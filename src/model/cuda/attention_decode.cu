@@ -1,7 +1,8 @@
 // Decode attention: one query token per sequence over its paged KV cache.
 // One CTA per (kv head, partition, sequence) runs dev::decode_attention_item
 // (attention_decode.cuh); sequences longer than one partition are combined by
-// a second kernel in partition order.
+// a second kernel in partition order. In pure decode passes the kernel also
+// does q/k norm + RoPE and the KV write.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include "model/cuda/attention_decode.cuh"
 #include "model/cuda/device_util.cuh"
 #include "model/cuda/kernels.h"
+#include "model/cuda/norm_rope.cuh"
 
 namespace siesta::cuda {
 namespace {
@@ -17,11 +19,43 @@ template <int kHeadDim, int kGroup, int kP>
 __global__ __launch_bounds__(dev::kDecodeThreads) void decode_attention_kernel(AttentionArgs a) {
   dev::begin_dependent_kernel();
   __shared__ dev::DecodeAttentionSmem<kHeadDim, kGroup, kP> sm;
-  const int dslot = blockIdx.z, kvh = blockIdx.x;
-  const int row = a.seq_q_start[a.decode_seqs[dslot]];
+  __shared__ __align__(16) bf16 q_normed[kGroup * kHeadDim];
+  const int dslot = blockIdx.z, kvh = blockIdx.x, part = blockIdx.y;
+  const int seq = a.decode_seqs[dslot];
+  const int row = a.seq_q_start[seq];
   const bf16* q_group = a.q + (static_cast<size_t>(row) * a.num_heads + kvh * kGroup) * kHeadDim;
-  dev::decode_attention_item<kHeadDim, kGroup, kP>(a, dslot, kvh, blockIdx.y, q_group, dev::cache_rows(a, dslot, kvh),
-                                                   sm, [] { __syncthreads(); });
+  if (a.qkv) {
+    // q/k norm + RoPE here (qk_norm_rope_kv's arithmetic): the group's query
+    // heads into shared memory, and from the CTA of the last partition (the
+    // only one that reads it) the new token's K and V into the cache.
+    const int len = a.seq_kv_len[seq];
+    const int nparts = (len + kP - 1) / kP;
+    if (len > 0 && part < nparts) {
+      const int q_dim = a.num_heads * kHeadDim, kv_dim = a.num_kv_heads * kHeadDim;
+      const bf16* qkv_row = a.qkv + static_cast<size_t>(row) * (q_dim + 2 * kv_dim);
+      const __nv_bfloat162* rope = a.rope_table + static_cast<size_t>(a.positions[row]) * (kHeadDim / 2);
+      const int slot = a.slots[row];
+      const bool writes_kv = part == nparts - 1 && slot >= 0;
+      const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+      for (int u = warp; u < kGroup + (writes_kv ? 2 : 0); u += dev::kDecodeWarps) {
+        if (u < kGroup) {
+          dev::norm_rope_head<kHeadDim>(qkv_row + (kvh * kGroup + u) * kHeadDim, a.q_norm, rope, a.eps,
+                                        q_normed + u * kHeadDim);
+        } else if (u == kGroup) {
+          dev::norm_rope_head<kHeadDim>(qkv_row + q_dim + kvh * kHeadDim, a.k_norm, rope, a.eps,
+                                        dev::kv_slot(a.kv, slot / kKvBlockSize, slot % kKvBlockSize, a.layer, 0, kvh));
+        } else {
+          const uint4* src = reinterpret_cast<const uint4*>(qkv_row + q_dim + kv_dim + kvh * kHeadDim);
+          uint4* dst = reinterpret_cast<uint4*>(dev::kv_slot(a.kv, slot / kKvBlockSize, slot % kKvBlockSize, a.layer, 1, kvh));
+          for (int c = lane; c < kHeadDim / 8; c += 32) dst[c] = src[c];
+        }
+      }
+      __syncthreads();  // also makes the K/V row visible to this CTA's reads below
+    }
+    q_group = q_normed;
+  }
+  dev::decode_attention_item<kHeadDim, kGroup, kP>(a, dslot, kvh, part, q_group, dev::cache_rows(a, dslot, kvh), sm,
+                                                   [] { __syncthreads(); });
 }
 
 // Combines the partitions of each (sequence, head) in partition order.

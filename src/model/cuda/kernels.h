@@ -107,6 +107,17 @@ struct AttentionArgs {
   float* partial_ml = nullptr;
   int partial_parts = 0;
   int partition_tokens = kDecodePartitionTokens;  // decode_partition_supported
+  // Decode of a pure decode pass: with qkv set, each decode attention CTA applies
+  // q/k norm + RoPE to its query heads itself (q above is not read), and the CTA
+  // of a sequence's last partition writes the new token's K and V to the cache
+  // first: launch_qk_norm_rope_kv's work, with its arithmetic, without its launch.
+  const bf16* qkv = nullptr;  // [T, q | k | v]
+  const int32_t* positions = nullptr;
+  const int32_t* slots = nullptr;
+  const bf16* q_norm = nullptr;
+  const bf16* k_norm = nullptr;
+  const __nv_bfloat162* rope_table = nullptr;
+  float eps = 0.0f;
   // Prefill: work items (sequence, query tile of kPrefillTileRows rows), as int32 pairs.
   const int32_t* prefill_items = nullptr;
   // Query heads per prefill CTA (they share a kv head): 1 or 2; 0 = 2 when the GQA group is even.

@@ -81,8 +81,8 @@ struct CudaModelOptions {
   // decode steps of up to 8 sequences (more CTAs where few would run), 256 otherwise.
   int decode_partition_tokens = 0;
   // Decode steps of up to 8 sequences as one persistent kernel (kernels.h: launch_fused_decode)
-  // instead of ~6 kernels per layer; the same bits either way. Off by default: on the H200 it is
-  // 4-6% slower than the kernels it replaces (bench/results/cuda_notes.md). Needs the default
+  // instead of ~5 kernels per layer; the same bits either way. Off by default: on the H200 it is
+  // 3-8% slower than the kernels it replaces (bench/results/cuda_notes.md). Needs the default
   // decode partition (64 tokens at that size) and a compiled shape (head_dim 64 or 128, GQA
   // group 1, 2, 4 or 8).
   bool fused_decode = false;
