@@ -125,6 +125,25 @@ std::vector<int32_t> greedy(CudaQwen3& m, const std::vector<int32_t>& prompt, in
   return g.out;
 }
 
+// A random checkpoint of the Qwen3-0.6B shape in `dir`. Its special tokens are
+// the real Qwen3 tokenizer's (scripts/setup fetches it; device-check points
+// SIESTA_ASSETS at its copy).
+void make_06b_model(const std::filesystem::path& dir, uint64_t seed) {
+  std::filesystem::remove_all(dir);
+  MakeModelOptions mo;
+  mo.shape = "qwen3-0.6b";
+  mo.out_dir = dir;
+  mo.seed = seed;
+  const char* assets = std::getenv("SIESTA_ASSETS");
+  const char* home = std::getenv("HOME");
+  mo.tokenizer = (assets && *assets ? std::filesystem::path(assets)
+                                    : std::filesystem::path(home ? home : "/root") / ".cache/siesta/assets") /
+                 "qwen3-tokenizer" / "tokenizer.json";
+  ASSERT_TRUE(std::filesystem::exists(mo.tokenizer)) << "no Qwen3 tokenizer at " << mo.tokenizer;
+  auto made = make_model(mo);
+  ASSERT_TRUE(made) << made.error().message;
+}
+
 class CudaQwen3Test : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -473,21 +492,8 @@ TEST_F(CudaQwen3Test, BatchInvariantModeGivesBitIdenticalLogitsWhateverTheChunki
 // 128, two query heads per kv head: the prefill kernel's two-heads-per-CTA path).
 TEST_F(CudaQwen3Test, BatchInvariantChunkInvarianceOnAWiderRandomModel) {
   const auto dir = std::filesystem::temp_directory_path() / ("siesta_cuda_chunk_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  MakeModelOptions mo;
-  mo.shape = "qwen3-0.6b";
-  mo.out_dir = dir;
-  mo.seed = 21;
-  // The 0.6B shape's special tokens are the real Qwen3 tokenizer's
-  // (scripts/setup fetches it; device-check points SIESTA_ASSETS at its copy).
-  const char* assets = std::getenv("SIESTA_ASSETS");
-  const char* home = std::getenv("HOME");
-  mo.tokenizer = (assets && *assets ? std::filesystem::path(assets)
-                                    : std::filesystem::path(home ? home : "/root") / ".cache/siesta/assets") /
-                 "qwen3-tokenizer" / "tokenizer.json";
-  ASSERT_TRUE(std::filesystem::exists(mo.tokenizer)) << "no Qwen3 tokenizer at " << mo.tokenizer;
-  auto made = make_model(mo);
-  ASSERT_TRUE(made) << made.error().message;
+  make_06b_model(dir, 21);
+  if (HasFatalFailure()) return;
   {
     CudaModelOptions opt;
     opt.batch_invariant = true;
@@ -547,19 +553,8 @@ TEST_F(CudaQwen3Test, FusedDecodeGivesTheSameBitsAsAKernelPerStage) {
 
 TEST_F(CudaQwen3Test, FusedDecodeGivesTheSameBitsOnTheQwen3_06BShape) {
   const auto dir = std::filesystem::temp_directory_path() / ("siesta_cuda_fused_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  MakeModelOptions mo;
-  mo.shape = "qwen3-0.6b";
-  mo.out_dir = dir;
-  mo.seed = 5;
-  const char* assets = std::getenv("SIESTA_ASSETS");
-  const char* home = std::getenv("HOME");
-  mo.tokenizer = (assets && *assets ? std::filesystem::path(assets)
-                                    : std::filesystem::path(home ? home : "/root") / ".cache/siesta/assets") /
-                 "qwen3-tokenizer" / "tokenizer.json";
-  ASSERT_TRUE(std::filesystem::exists(mo.tokenizer)) << "no Qwen3 tokenizer at " << mo.tokenizer;
-  auto made = make_model(mo);
-  ASSERT_TRUE(made) << made.error().message;
+  make_06b_model(dir, 5);
+  if (HasFatalFailure()) return;
   expect_fused_equals_unfused(dir, alloc_, 40, "qwen3-0.6b shape");
   std::filesystem::remove_all(dir);
 }

@@ -260,6 +260,10 @@ __device__ __noinline__ void stage_norm(const bf16* x, const int32_t* rows, cons
     for (int m = 0; m < kMaxM; ++m)
       if (m < M) held[m] = __ldcg(reinterpret_cast<const uint4*>(row_ptr(m) + c0 * 8));
   }
+  auto chunk_of = [&](int m, int c, float(&f)[8]) {
+    if (once) dev::unpack8(held[m], f);
+    else ldcg8(row_ptr(m) + c * 8, f);
+  };
   float ss[kMaxM];
 #pragma unroll
   for (int m = 0; m < kMaxM; ++m) ss[m] = 0.0f;
@@ -268,8 +272,7 @@ __device__ __noinline__ void stage_norm(const bf16* x, const int32_t* rows, cons
     for (int m = 0; m < kMaxM; ++m) {
       if (m < M) {
         float f[8];
-        if (once) dev::unpack8(held[m], f);
-        else ldcg8(row_ptr(m) + c * 8, f);
+        chunk_of(m, c, f);
 #pragma unroll
         for (int e = 0; e < 8; ++e) ss[m] += f[e] * f[e];
       }
@@ -286,8 +289,7 @@ __device__ __noinline__ void stage_norm(const bf16* x, const int32_t* rows, cons
     for (int m = 0; m < kMaxM; ++m) {
       if (m < M) {
         float f[8];
-        if (once) dev::unpack8(held[m], f);
-        else ldcg8(row_ptr(m) + c * 8, f);
+        chunk_of(m, c, f);
 #pragma unroll
         for (int e = 0; e < 8; ++e) f[e] = w[e] * round_bf16(f[e] * rs[m]);
         dev::store8(s_a + m * K + c * 8, f);
@@ -531,8 +533,8 @@ __global__ __launch_bounds__(kBlockThreads, 1) void fused_decode_kernel(const __
     mbar_expect_tx(bar, norm_elems * sizeof(bf16));
     bulk_copy(dst, f.input_norm + lo, H * sizeof(bf16), bar);
     bulk_copy(dst + H, f.post_norm + lo, H * sizeof(bf16), bar);
-    bulk_copy(dst + 2 * H, f.q_norm + lo, kHeadDim * sizeof(bf16), bar);
-    bulk_copy(dst + 2 * H + kHeadDim, f.k_norm + lo, kHeadDim * sizeof(bf16), bar);
+    bulk_copy(dst + 2 * H, a.q_norm + lo, kHeadDim * sizeof(bf16), bar);
+    bulk_copy(dst + 2 * H + kHeadDim, a.k_norm + lo, kHeadDim * sizeof(bf16), bar);
   };
 
   // The step image (uploaded before this launch) holds the zeroed counters.
@@ -585,9 +587,10 @@ __global__ __launch_bounds__(kBlockThreads, 1) void fused_decode_kernel(const __
     mbar_wait(&norm_bar[l & 1], (l >> 1) & 1);
 
     // A: input RMSNorm + QKV.
-    stage_norm<kMaxM>(l == 0 ? f.embed : f.x, l == 0 ? f.tokens : nullptr, nw, M, H, f.eps, s_a, scratch);
+    stage_norm<kMaxM>(l == 0 ? f.embed : f.x, l == 0 ? f.tokens : nullptr, nw, M, H, a.eps, s_a, scratch);
     prof.lap(0);
-    gemv_phase<kMaxM, Out::kStore>(st, cur, 0, M, s_a, f.qkv, qkv_cols, nullptr);
+    // (AttentionArgs keeps the QKV rows const: attention only reads them; this stage writes them.)
+    gemv_phase<kMaxM, Out::kStore>(st, cur, 0, M, s_a, const_cast<bf16*>(a.qkv), qkv_cols, nullptr);
     prof.lap(1);
     grid_sync(arrivals, target);
     prof.lap(2);
@@ -600,14 +603,14 @@ __global__ __launch_bounds__(kBlockThreads, 1) void fused_decode_kernel(const __
       const int row = a.seq_q_start[seq];
       const int len = a.seq_kv_len[seq];
       const int p0 = it.part * kP;
-      const bf16* qkv_row = f.qkv + static_cast<size_t>(row) * qkv_cols;
-      const __nv_bfloat162* rope = f.rope_table + static_cast<size_t>(f.positions[row]) * (kHeadDim / 2);
-      const int slot = f.slots[row];
+      const bf16* qkv_row = a.qkv + static_cast<size_t>(row) * qkv_cols;
+      const __nv_bfloat162* rope = a.rope_table + static_cast<size_t>(a.positions[row]) * (kHeadDim / 2);
+      const int slot = a.slots[row];
       const bool writes_kv = len > 0 && it.part == it.nparts - 1 && slot >= 0;
       const int units = kGroup + (writes_kv ? 2 : 0);
       for (int u = warp; u < units; u += kWarps) {
         if (u < kGroup) {
-          dev::norm_rope_head<kHeadDim>(qkv_row + (it.kvh * kGroup + u) * kHeadDim, nw + 2 * H, rope, f.eps,
+          dev::norm_rope_head<kHeadDim>(qkv_row + (it.kvh * kGroup + u) * kHeadDim, nw + 2 * H, rope, a.eps,
                                         q_s + u * kHeadDim);
         } else {
           const int block = slot / kKvBlockSize, in_block = slot % kKvBlockSize;
@@ -616,7 +619,7 @@ __global__ __launch_bounds__(kBlockThreads, 1) void fused_decode_kernel(const __
           bf16* local = (kind == 0 ? k_s : v_s) + (len - 1 - p0) * (kHeadDim + kRowPad);
           bf16* dst = first ? local : cache;
           if (kind == 0) {
-            dev::norm_rope_head<kHeadDim>(qkv_row + q_dim + it.kvh * kHeadDim, nw + 2 * H + kHeadDim, rope, f.eps,
+            dev::norm_rope_head<kHeadDim>(qkv_row + q_dim + it.kvh * kHeadDim, nw + 2 * H + kHeadDim, rope, a.eps,
                                           dst);
           } else {
             const uint4* src = reinterpret_cast<const uint4*>(qkv_row + q_dim + kv_heads * kHeadDim + it.kvh * kHeadDim);
@@ -686,7 +689,7 @@ __global__ __launch_bounds__(kBlockThreads, 1) void fused_decode_kernel(const __
     prof.lap(9);
 
     // E: post-attention RMSNorm + gate/up + SiLU-mul.
-    stage_norm<kMaxM>(f.x, nullptr, nw + H, M, H, f.eps, s_a, scratch);
+    stage_norm<kMaxM>(f.x, nullptr, nw + H, M, H, a.eps, s_a, scratch);
     prof.lap(10);
     gemv_phase<kMaxM, Out::kSiluMul>(st, cur, 2, M, s_a, f.act, I, nullptr);
     prof.lap(11);

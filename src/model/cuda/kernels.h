@@ -196,31 +196,26 @@ inline constexpr int kFusedDecodeSyncWords = 32 + kFusedDecodeMaxRows * 64;
 inline constexpr int kFusedDecodeProfileStages = 16;
 inline constexpr int kFusedDecodeProfileWords = 20;
 struct FusedDecodeArgs {
-  // Decode attention as launch_decode_attention takes it (q unused: computed
-  // in place; out: the attention rows; partition_tokens 64).
+  // Decode attention of a pure decode pass as launch_decode_attention takes it,
+  // q/k norm + RoPE inputs included (its qkv: the QKV rows this kernel writes;
+  // q_norm / k_norm: layer 0's; out: the attention rows; partition_tokens 64).
   AttentionArgs attn;
   int M = 0;  // activation rows = decode sequences, in decode_seqs order
   int num_layers = 0;
   int hidden = 0;
   int inter = 0;
-  float eps = 0.0f;
   const int32_t* tokens = nullptr;  // [M]
-  const int32_t* positions = nullptr;
-  const int32_t* slots = nullptr;
   const bf16* embed = nullptr;
-  const __nv_bfloat162* rope_table = nullptr;
-  // Layer 0's weights (the layouts of GemvArgs); layer l's are layer_stride elements further.
+  // Layer 0's weights (the layouts of GemvArgs); layer l's, and its q/k norms,
+  // are layer_stride elements further.
   const bf16* qkv_w = nullptr;
   const bf16* o_w = nullptr;
   const bf16* gate_up_w = nullptr;
   const bf16* down_w = nullptr;
   const bf16* input_norm = nullptr;
   const bf16* post_norm = nullptr;
-  const bf16* q_norm = nullptr;
-  const bf16* k_norm = nullptr;
   size_t layer_stride = 0;
   bf16* x = nullptr;    // [M, hidden]: the residual stream after the last layer
-  bf16* qkv = nullptr;  // [M, qkv columns]
   bf16* act = nullptr;  // [M, inter]
   uint32_t* sync = nullptr;  // kFusedDecodeSyncWords zeroed words
   // Optional timing: per CTA kFusedDecodeProfileWords counters, added to (SM

@@ -275,6 +275,8 @@ struct CudaQwen3::Impl {
   Result<void> linear(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K);
   Result<void> enqueue_layers(const PassDevice& p);
   bool use_fused(const PassDevice& p) const;
+  static bool pure_decode(const PassDevice& p) { return p.D > 0 && p.D == p.T && p.W == 0; }
+  cuda::AttentionArgs attention_args(const PassDevice& p) const;
   Result<void> enqueue_fused_decode(const PassDevice& p);
   Result<void> enqueue_logits(const PassDevice& p, int r0, int r1);
   Result<void> enqueue_step(const PassDevice& p, bool sample);
@@ -488,14 +490,16 @@ Result<void> CudaQwen3::Impl::linear(const bf16* a, const bf16* w, void* out, bo
 // A pure decode pass of up to 8 sequences at the 64-token partition: the
 // fused kernel, which gives the same bits as the per-layer kernels below.
 bool CudaQwen3::Impl::use_fused(const PassDevice& p) const {
-  return fused_ok && opt.fused_decode && use_gemv(p.T) && p.W == 0 && p.D == p.T && p.S == p.T &&
+  return fused_ok && opt.fused_decode && use_gemv(p.T) && pure_decode(p) && p.S == p.T &&
          p.partition_tokens == kShortPartitionTokens;
 }
 
-Result<void> CudaQwen3::Impl::enqueue_fused_decode(const PassDevice& p) {
-  const LayerWeights& w = layers[0];
-  cuda::FusedDecodeArgs f;
-  cuda::AttentionArgs& aa = f.attn;
+// Everything attention reads about pass p. A pure decode pass also gets the
+// q/k norm + RoPE inputs: its decode attention (or the fused kernel) does that
+// work and the KV write itself (per layer: q_norm, k_norm, layer).
+cuda::AttentionArgs CudaQwen3::Impl::attention_args(const PassDevice& p) const {
+  cuda::AttentionArgs aa;
+  aa.q = q;
   aa.out = attn;
   aa.kv = p.kv;
   aa.num_heads = cfg.num_heads;
@@ -512,27 +516,39 @@ Result<void> CudaQwen3::Impl::enqueue_fused_decode(const PassDevice& p) {
   aa.partial_ml = partial_ml;
   aa.partial_parts = p.partial_parts;
   aa.partition_tokens = p.partition_tokens;
+  aa.prefill_items = p.prefill_items;
+  aa.prefill_heads_per_cta = opt.prefill_heads_per_cta;
+  aa.prefill_warp_rows = prefill_warp_rows(p.W);
+  if (pure_decode(p)) {
+    aa.qkv = qkv;
+    aa.positions = p.positions;
+    aa.slots = p.slots;
+    aa.rope_table = rope_table;
+    aa.eps = eps();
+  }
+  return aa;
+}
+
+Result<void> CudaQwen3::Impl::enqueue_fused_decode(const PassDevice& p) {
+  const LayerWeights& w = layers[0];
+  cuda::FusedDecodeArgs f;
+  f.attn = attention_args(p);
+  f.attn.q_norm = w.q_norm;  // layer 0's; layer l's at + l * layer_stride
+  f.attn.k_norm = w.k_norm;
   f.M = p.T;
   f.num_layers = cfg.num_layers;
   f.hidden = hidden();
   f.inter = cfg.intermediate_size;
-  f.eps = eps();
   f.tokens = p.tokens;
-  f.positions = p.positions;
-  f.slots = p.slots;
   f.embed = embed;
-  f.rope_table = rope_table;
   f.qkv_w = w.qkv;
   f.o_w = w.o;
   f.gate_up_w = w.gate_up;
   f.down_w = w.down;
   f.input_norm = w.input_norm;
   f.post_norm = w.post_norm;
-  f.q_norm = w.q_norm;
-  f.k_norm = w.k_norm;
   f.layer_stride = layer_stride;
   f.x = x;
-  f.qkv = qkv;
   f.act = act;
   f.sync = p.sync;
   if (opt.profile) {
@@ -564,39 +580,12 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
   SIESTA_CUDA_TRY(cuda::launch_embed(p.tokens, T, embed, H, x, stream), "embedding");
   mark("embed");
 
-  cuda::AttentionArgs aa;
-  aa.q = q;
-  aa.out = attn;
-  aa.kv = p.kv;
-  aa.num_heads = cfg.num_heads;
-  aa.num_kv_heads = cfg.num_kv_heads;
-  aa.head_dim = cfg.head_dim;
-  aa.scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim));
-  aa.seq_q_start = p.q_start;
-  aa.seq_q_len = p.q_len;
-  aa.seq_kv_len = p.kv_len;
-  aa.seq_table_start = p.table_start;
-  aa.block_tables = p.block_tables;
-  aa.decode_seqs = p.decode_seqs;
-  aa.partial_out = partial_out;
-  aa.partial_ml = partial_ml;
-  aa.partial_parts = p.partial_parts;
-  aa.prefill_items = p.prefill_items;
-  aa.prefill_heads_per_cta = opt.prefill_heads_per_cta;
-  aa.prefill_warp_rows = prefill_warp_rows(p.W);
-  aa.partition_tokens = p.partition_tokens;
+  cuda::AttentionArgs aa = attention_args(p);
   // A pure decode pass: decode attention does q/k norm + RoPE and the KV write
   // itself, one launch fewer per layer, same bits. (Combining the partitions in
   // the O projection's GEMV staging as well was measured: no gain at batch 1,
   // 3% slower at batch 8, where every GEMV CTA repeats the combination.)
-  const bool pure_decode = p.D > 0 && p.D == p.T && p.W == 0;
-  if (pure_decode) {
-    aa.qkv = qkv;
-    aa.positions = p.positions;
-    aa.slots = p.slots;
-    aa.rope_table = rope_table;
-    aa.eps = eps();
-  }
+  const bool decode_only = pure_decode(p);
 
   for (int l = 0; l < cfg.num_layers; ++l) {
     const LayerWeights& w = layers[l];
@@ -613,7 +602,7 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
       SIESTA_TRY(linear(h, w.qkv, qkv, false, T, qkv_cols(), H));
       mark("qkv");
     }
-    if (!pure_decode) {
+    if (!decode_only) {
       SIESTA_CUDA_TRY(cuda::launch_qk_norm_rope_kv(qkv, T, p.positions, p.slots, w.q_norm, w.k_norm, rope_table,
                                                    cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps(), q, p.kv, l,
                                                    launch()),
