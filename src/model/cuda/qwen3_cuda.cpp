@@ -226,13 +226,6 @@ struct CudaQwen3::Impl {
   cuda::StepShape shape(int decode_batch = 0) const {
     return {partition_tokens(decode_batch), cuda::kPrefillTileRows, opt.batch_invariant};
   }
-  // Decode attention's partition: the option where one is set; else short
-  // partitions for a decode step of few sequences, whose few CTAs would leave
-  // most SMs idle (64 tokens: 1.00 against 1.09 ms per token at batch 1 on
-  // the 0.6B shape, an H200), and the default elsewhere (64 costs 8% at
-  // batch 128). The line is the GEMV's (kGemvMaxRows), where results already
-  // change with the batch; batch-invariant mode sends one-token chunks
-  // through prefill attention and is not affected.
   // The shape of an eager pass: a pure decode pass as a decode step of its size
   // (so eager and graph steps take the same kernels and partitions).
   cuda::StepShape shape_of(std::span<const cuda::PassChunk> pass) const {
@@ -240,6 +233,13 @@ struct CudaQwen3::Impl {
       if (c.chunk.tokens.size() != 1) return shape();
     return shape(static_cast<int>(pass.size()));
   }
+  // Decode attention's partition: the option where one is set; else short
+  // partitions for a decode step of few sequences, whose few CTAs would leave
+  // most SMs idle (64 tokens: 1.00 against 1.09 ms per token at batch 1 on
+  // the 0.6B shape, an H200), and the default elsewhere (64 costs 8% at
+  // batch 128). The line is the GEMV's (kGemvMaxRows), where results already
+  // change with the batch; batch-invariant mode sends one-token chunks
+  // through prefill attention and is not affected.
   int partition_tokens(int decode_batch = 0) const {
     if (opt.decode_partition_tokens > 0) return opt.decode_partition_tokens;
     if (decode_batch > 0 && decode_batch <= kShortPartitionBatch) return kShortPartitionTokens;
