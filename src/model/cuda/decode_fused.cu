@@ -710,26 +710,20 @@ __global__ __launch_bounds__(kBlockThreads, 1) void fused_decode_kernel(const __
 }
 
 // The kernel for (M, head_dim, group), or null.
+template <int kMaxM, int kHeadDim>
+const void* kernel_for_group(int group) {
+  switch (group) {
+    case 1: return reinterpret_cast<const void*>(fused_decode_kernel<kMaxM, kHeadDim, 1>);
+    case 2: return reinterpret_cast<const void*>(fused_decode_kernel<kMaxM, kHeadDim, 2>);
+    case 4: return reinterpret_cast<const void*>(fused_decode_kernel<kMaxM, kHeadDim, 4>);
+    case 8: return reinterpret_cast<const void*>(fused_decode_kernel<kMaxM, kHeadDim, 8>);
+    default: return nullptr;
+  }
+}
 template <int kMaxM>
 const void* kernel_for(int head_dim, int group) {
-  if (head_dim == 64) {
-    switch (group) {
-      case 1: return reinterpret_cast<const void*>(fused_decode_kernel<kMaxM, 64, 1>);
-      case 2: return reinterpret_cast<const void*>(fused_decode_kernel<kMaxM, 64, 2>);
-      case 4: return reinterpret_cast<const void*>(fused_decode_kernel<kMaxM, 64, 4>);
-      case 8: return reinterpret_cast<const void*>(fused_decode_kernel<kMaxM, 64, 8>);
-      default: return nullptr;
-    }
-  }
-  if (head_dim == 128) {
-    switch (group) {
-      case 1: return reinterpret_cast<const void*>(fused_decode_kernel<kMaxM, 128, 1>);
-      case 2: return reinterpret_cast<const void*>(fused_decode_kernel<kMaxM, 128, 2>);
-      case 4: return reinterpret_cast<const void*>(fused_decode_kernel<kMaxM, 128, 4>);
-      case 8: return reinterpret_cast<const void*>(fused_decode_kernel<kMaxM, 128, 8>);
-      default: return nullptr;
-    }
-  }
+  if (head_dim == 64) return kernel_for_group<kMaxM, 64>(group);
+  if (head_dim == 128) return kernel_for_group<kMaxM, 128>(group);
   return nullptr;
 }
 
