@@ -13,16 +13,17 @@
 // would see, host planning and the token copy included. The whole run is done
 // twice and the second timed, so graph capture stays out of the numbers.
 // Prefill: one sequence of N tokens, logits for the last; median of 10.
-// Modes: default; without programmatic launch; prefill with one query head per
-// CTA, or with 16 or 32 query rows per attention warp fixed (the default
-// chooses per pass by its CTA count); decode partitions fixed at 64,
-// 128 and 256 (the default takes 64 for decode steps of up to 8 sequences,
-// 256 otherwise); batch-invariant.
+// Modes: default (prefill attention on wgmma where the build has it); without
+// programmatic launch; prefill with one query head per CTA; prefill attention
+// on the mma.sync kernel, with its query rows per warp chosen per pass by the
+// CTA count or fixed at 16 or 32; decode partitions fixed at 64, 128 and 256
+// (the default takes 64 for decode steps of up to 8 sequences, 256 otherwise);
+// the fused decode kernel; batch-invariant.
 // --profile: also a breakdown per kernel group (CUDA events between eager
 // launches, so launch gaps are included) of a decode step at each batch size
-// and of each prefill, in the default mode, and of each prefill again with 16
-// query rows per attention warp (prefill_N_16_rows_per_warp: compare its
-// attention_prefill with prefill_N's).
+// and of each prefill, in the default mode, and of each prefill again on the
+// mma.sync attention kernel (prefill_N_mma: compare its attention_prefill with
+// prefill_N's).
 #if defined(SIESTA_HAVE_CUDA)
 
 #include <nlohmann/json.hpp>
@@ -213,12 +214,14 @@ int main(int argc, char** argv) {
     int prefill_warp_rows;
     int decode_partition_tokens;
     bool fused_decode = false;
+    bool prefill_wgmma = true;
   };
   const Mode mode_list[] = {{"default", false, true, true, true, 0, 0, 0},
                             {"default_without_overlap", false, false, true, false, 0, 0, 0},
                             {"default_prefill_1_head_per_cta", false, true, false, true, 1, 0, 0},
-                            {"default_prefill_16_rows_per_warp", false, true, false, true, 0, 16, 0},
-                            {"default_prefill_32_rows_per_warp", false, true, false, true, 0, 32, 0},
+                            {"default_prefill_mma", false, true, false, true, 0, 0, 0, false, false},
+                            {"default_prefill_mma_16_rows_per_warp", false, true, false, true, 0, 16, 0, false, false},
+                            {"default_prefill_mma_32_rows_per_warp", false, true, false, true, 0, 32, 0, false, false},
                             {"default_decode_partition_64", false, true, true, false, 0, 0, 64},
                             {"default_decode_partition_128", false, true, true, false, 0, 0, 128},
                             {"default_decode_partition_256", false, true, true, false, 0, 0, 256},
@@ -234,6 +237,7 @@ int main(int argc, char** argv) {
     opt.prefill_warp_rows = md.prefill_warp_rows;
     opt.decode_partition_tokens = md.decode_partition_tokens;
     opt.fused_decode = md.fused_decode;
+    opt.prefill_wgmma = md.prefill_wgmma;
     opt.max_seqs = std::max(256, max_b);
     opt.max_batch_tokens = std::max({8192, max_p, max_b});
     opt.max_model_len = std::max(max_p, a.prompt + a.gen);
@@ -346,15 +350,15 @@ int main(int argc, char** argv) {
       run_prefill_ms(*model, n, 3);
       take(*model, "prefill_" + std::to_string(n), 12);
     }
-    // The same prefills with the earlier attention kernel (16 query rows per warp).
+    // The same prefills with the mma.sync attention kernel (its rows per warp chosen per pass).
     model.reset();
-    opt.prefill_warp_rows = 16;
-    auto model16 = check(CudaQwen3::load(a.model, alloc, opt), "loading " + a.model);
+    opt.prefill_wgmma = false;
+    auto model_mma = check(CudaQwen3::load(a.model, alloc, opt), "loading " + a.model);
     for (int n : a.prefill) {
-      run_prefill_ms(*model16, n, 3);
-      model16->reset_profile();
-      run_prefill_ms(*model16, n, 3);
-      take(*model16, "prefill_" + std::to_string(n) + "_16_rows_per_warp", 12);
+      run_prefill_ms(*model_mma, n, 3);
+      model_mma->reset_profile();
+      run_prefill_ms(*model_mma, n, 3);
+      take(*model_mma, "prefill_" + std::to_string(n) + "_mma", 12);
     }
   }
 

@@ -484,11 +484,25 @@ struct PrefillSeq {
   int start = 0, n = 0;
 };
 
-// Which prefill kernel: query rows per warp and query heads per CTA (0: the default).
+// Which prefill kernel: the mma.sync kernel's query rows per warp, or the wgmma
+// kernel; query heads per CTA (0: the default).
 struct PrefillKernel {
   int warp_rows = 32;
   int heads_per_cta = 0;
+  bool wgmma = false;
+  std::string name() const {
+    return (wgmma ? std::string("wgmma") : std::to_string(warp_rows) + " rows per warp") + ", " +
+           std::to_string(heads_per_cta) + " heads per CTA";
+  }
 };
+
+// The prefill kernels built for head_dim hd: the mma.sync kernel with 32 and 16
+// rows per warp, and the wgmma kernel where this build has it.
+std::vector<PrefillKernel> prefill_kernels(int heads, int kvh, int hd) {
+  std::vector<PrefillKernel> k = {{32}, {16}};
+  if (prefill_wgmma_supported(heads, kvh, hd)) k.push_back({0, 0, true});
+  return k;
+}
 
 // Runs prefill attention over a batch (work items in a scrambled order);
 // returns the output rows of every sequence in order, [rows, heads * hd].
@@ -549,7 +563,11 @@ std::vector<float> run_prefill_batch(const AttnFixture& f, Bf16Array& d_cache, c
   a.prefill_items = d_items.get();
   a.prefill_heads_per_cta = kernel.heads_per_cta;
   a.prefill_warp_rows = kernel.warp_rows;
-  EXPECT_EQ(launch_prefill_attention(a, static_cast<int>(order.size()), nullptr), cudaSuccess);
+  if (kernel.wgmma) {
+    EXPECT_EQ(launch_prefill_attention_wgmma(a, static_cast<int>(order.size()), nullptr), cudaSuccess);
+  } else {
+    EXPECT_EQ(launch_prefill_attention(a, static_cast<int>(order.size()), nullptr), cudaSuccess);
+  }
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return to_f32(d_out.download());
 }
@@ -599,10 +617,10 @@ TEST_F(CudaKernels, PrefillAttentionIsCausalMatchesReferenceAndIgnoresChunking) 
     const size_t row = static_cast<size_t>(heads) * hd;
 
     std::vector<float> whole_by_rows[2];
-    for (int warp_rows : {32, 16}) {
-      const std::string what = "head_dim " + std::to_string(hd) + ", " + std::to_string(warp_rows) + " rows per warp";
+    for (PrefillKernel k : prefill_kernels(heads, kvh, hd)) {
+      const std::string what = "head_dim " + std::to_string(hd) + ", " + k.name();
       // Prefix of 70 cached, then 230 new tokens at once; compare with the reference.
-      const auto whole = run_prefill(f, d_cache, table, q, 70, 230, {warp_rows});
+      const auto whole = run_prefill(f, d_cache, table, q, 70, 230, k);
       double worst = 0;
       for (int i = 0; i < 230; i += 7)
         for (int h = 0; h < heads; ++h) {
@@ -612,12 +630,15 @@ TEST_F(CudaKernels, PrefillAttentionIsCausalMatchesReferenceAndIgnoresChunking) 
         }
       EXPECT_LT(worst, 2e-2) << what;
       // The same rows computed as the chunk [150, 300) (they sit 16 rows earlier in
-      // their tiles, so in the other m16 tile of a 32-row warp): bit-identical.
-      const auto tail = run_prefill(f, d_cache, table, q, 150, 150, {warp_rows});
+      // their tiles, so in the other m16 tile of a 32-row warp, or in another warp of
+      // a warpgroup): bit-identical.
+      const auto tail = run_prefill(f, d_cache, table, q, 150, 150, k);
       EXPECT_TRUE(std::equal(tail.begin(), tail.end(), whole.begin() + 80 * row)) << what;
       // One query head per CTA instead of two: the same arithmetic per row.
-      EXPECT_EQ(run_prefill(f, d_cache, table, q, 70, 230, {warp_rows, 1}), whole) << what;
-      whole_by_rows[warp_rows == 16] = whole;
+      PrefillKernel one_head = k;
+      one_head.heads_per_cta = 1;
+      EXPECT_EQ(run_prefill(f, d_cache, table, q, 70, 230, one_head), whole) << what;
+      if (!k.wgmma) whole_by_rows[k.warp_rows == 16] = whole;
     }
     // At head_dim 64 both kernels take 64-key softmax steps: the same bits.
     if (hd == 64) {
@@ -652,11 +673,17 @@ TEST_F(CudaKernels, PrefillAttentionRaggedBatchMatchesReferenceAndEachSequenceAl
                                std::to_string(hd);
 
     std::vector<float> by_rows[2];
-    for (PrefillKernel k : {PrefillKernel{32, 0}, PrefillKernel{32, 1}, PrefillKernel{16, 0}, PrefillKernel{16, 1}}) {
-      const std::string what = config + ", " + std::to_string(k.warp_rows) + " rows per warp, " +
-                               std::to_string(k.heads_per_cta) + " heads per CTA";
+    std::vector<float> by_wgmma;
+    std::vector<PrefillKernel> kernels;
+    for (PrefillKernel k : prefill_kernels(heads, kvh, hd))
+      for (int heads_per_cta : {0, 1}) {
+        k.heads_per_cta = heads_per_cta;
+        kernels.push_back(k);
+      }
+    for (PrefillKernel k : kernels) {
+      const std::string what = config + ", " + k.name();
       const auto out = run_prefill_batch(f, d_cache, seqs, k);
-      std::vector<float>& first = by_rows[k.warp_rows == 16];
+      std::vector<float>& first = k.wgmma ? by_wgmma : by_rows[k.warp_rows == 16];
       if (!first.empty()) {
         EXPECT_EQ(out, first) << what;  // heads per CTA change nothing
         continue;
@@ -699,6 +726,42 @@ TEST_F(CudaKernels, PrefillAttentionRaggedBatchMatchesReferenceAndEachSequenceAl
   }
 }
 
+// Long prompts (24 key tiles, both K/V stages many times over): the wgmma kernel
+// against the reference and against the mma.sync kernel, row by row.
+TEST_F(CudaKernels, PrefillAttentionWgmmaMatchesTheMmaKernelOnLongPrompts) {
+  const int heads = 16, kvh = 8, hd = 128;
+  if (!prefill_wgmma_supported(heads, kvh, hd)) GTEST_SKIP() << "built without the wgmma kernels (sm_90a)";
+  AttnFixture f{heads, kvh, hd};
+  const int total = 1500;
+  f.blocks = 2 * (total + 15) / 16;
+  std::vector<std::vector<int32_t>> tables(2);
+  Bf16Array d_cache(f.cache_elems());
+  fill_prompts(f, tables, total, rng, d_cache);
+  const auto q0 = random_bf16(static_cast<size_t>(total) * heads * hd, rng, 2.0f);
+  const auto q1 = random_bf16(static_cast<size_t>(total) * heads * hd, rng, 2.0f);
+  const auto qf = to_f32(q0);
+  // A whole prompt and, beside it, the second half of another behind its cached first half.
+  const std::vector<PrefillSeq> seqs = {{&tables[0], &q0, 0, total}, {&tables[1], &q1, 700, total - 700}};
+  const auto got = run_prefill_batch(f, d_cache, seqs, {0, 0, true});
+  const auto mma = run_prefill_batch(f, d_cache, seqs, {32});
+  const size_t row = static_cast<size_t>(heads) * hd;
+  ASSERT_EQ(got.size(), mma.size());
+  double worst_mma = 0;
+  for (size_t r = 0; r < got.size() / row; ++r)
+    worst_mma = std::max(worst_mma, rel_err(std::vector<float>(got.begin() + r * row, got.begin() + (r + 1) * row),
+                                            std::vector<float>(mma.begin() + r * row, mma.begin() + (r + 1) * row)));
+  EXPECT_LT(worst_mma, 1e-2);
+  double worst = 0;
+  for (int pos = 0; pos < total; pos += 97)
+    for (int h : {0, 7, 15}) {
+      const auto want = attend_ref(f, tables[0], &qf[(static_cast<size_t>(pos) * heads + h) * hd], h, pos + 1);
+      worst = std::max(worst, rel_err(std::vector<float>(got.begin() + pos * row + h * hd,
+                                                         got.begin() + pos * row + (h + 1) * hd),
+                                      want));
+    }
+  EXPECT_LT(worst, 2e-2);
+}
+
 // Batch-invariant mode: a one-token chunk (a 1-row work item: row 0 of warp 0)
 // must give the bits its row gets inside a longer chunk, at any of the 64 row
 // slots of a tile (either warp, either m16 tile of a 32-row warp, rows g and g + 8).
@@ -712,12 +775,11 @@ TEST_F(CudaKernels, PrefillAttentionOneTokenChunksMatchTheirRowsInLongerChunks) 
     fill_prompts(f, tables, total, rng, d_cache);
     const auto q = random_bf16(static_cast<size_t>(total) * heads * hd, rng, 2.0f);
     const size_t row = static_cast<size_t>(heads) * hd;
-    for (int warp_rows : {32, 16})
+    for (PrefillKernel k : prefill_kernels(heads, kvh, hd))
       for (auto [start, n] : {std::pair{0, 200}, std::pair{70, 230}}) {
-        const std::string what = "head_dim " + std::to_string(hd) + ", " + std::to_string(warp_rows) +
-                                 " rows per warp, chunk [" + std::to_string(start) + ", " +
-                                 std::to_string(start + n) + ")";
-        const auto chunk = run_prefill(f, d_cache, tables[0], q, start, n, {warp_rows});
+        const std::string what = "head_dim " + std::to_string(hd) + ", " + k.name() + ", chunk [" +
+                                 std::to_string(start) + ", " + std::to_string(start + n) + ")";
+        const auto chunk = run_prefill(f, d_cache, tables[0], q, start, n, k);
         // Every row of the chunk again as a one-token chunk, all in one launch (as a
         // batch-invariant decode step runs them), with a padding row among them.
         std::vector<PrefillSeq> singles;
@@ -725,7 +787,7 @@ TEST_F(CudaKernels, PrefillAttentionOneTokenChunksMatchTheirRowsInLongerChunks) 
           singles.push_back({&tables[0], &q, start + i, 1});
           if (i == n / 2) singles.push_back({});
         }
-        const auto one = run_prefill_batch(f, d_cache, singles, {warp_rows});
+        const auto one = run_prefill_batch(f, d_cache, singles, k);
         for (int i = 0, at = 0; i < n; ++i, ++at) {
           if (i == n / 2 + 1) ++at;  // the padding row
           EXPECT_TRUE(std::equal(one.begin() + at * row, one.begin() + (at + 1) * row, chunk.begin() + i * row))

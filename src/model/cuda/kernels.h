@@ -151,6 +151,13 @@ int prefill_heads_per_cta(int num_heads, int num_kv_heads, int option);
 // read no cache.
 cudaError_t launch_prefill_attention(const AttentionArgs& args, int num_items, LaunchConfig launch);
 
+// The same contract on Hopper's warpgroup MMA (attention_prefill_wgmma.cu), for head_dim 128 in
+// builds for sm_90a (prefill_wgmma_supported); prefill_heads_per_cta applies, prefill_warp_rows
+// does not. Its products sum in another order than the mma.sync kernel's, so the two differ by
+// rounding: a model takes one of them for every pass.
+bool prefill_wgmma_supported(int num_heads, int num_kv_heads, int head_dim);
+cudaError_t launch_prefill_attention_wgmma(const AttentionArgs& args, int num_items, LaunchConfig launch);
+
 // Small-batch projection y[m, n] = sum_k a[m, k] * w[n, k] for M <= kGemvMaxRows,
 // one warp per output column, streaming w once. The input can be transformed on
 // the way in, and the output added to a residual, so decode needs fewer launches.

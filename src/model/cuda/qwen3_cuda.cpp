@@ -258,6 +258,10 @@ struct CudaQwen3::Impl {
     const long ctas = static_cast<long>(items) * (cfg.num_heads / heads_per_cta);
     return ctas >= 2L * sm_count ? 32 : 16;
   }
+  bool use_prefill_wgmma() const {
+    return opt.prefill_wgmma && !opt.batch_invariant &&
+           cuda::prefill_wgmma_supported(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+  }
   static constexpr int kShortPartitionBatch = cuda::kGemvMaxRows;
   static constexpr int kShortPartitionTokens = 64;
   bool use_gemv(int T) const { return !opt.batch_invariant && gemv_ok && T <= cuda::kGemvMaxRows; }
@@ -614,7 +618,11 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
     aa.k_norm = w.k_norm;
     SIESTA_CUDA_TRY(cuda::launch_decode_attention(aa, p.D, p.max_partitions, launch()), "decode attention");
     if (p.D > 0) mark("attention_decode");
-    SIESTA_CUDA_TRY(cuda::launch_prefill_attention(aa, p.W, launch()), "prefill attention");
+    if (use_prefill_wgmma()) {
+      SIESTA_CUDA_TRY(cuda::launch_prefill_attention_wgmma(aa, p.W, launch()), "prefill attention (wgmma)");
+    } else {
+      SIESTA_CUDA_TRY(cuda::launch_prefill_attention(aa, p.W, launch()), "prefill attention");
+    }
     if (p.W > 0) mark("attention_prefill");
     if (small) {
       cuda::GemvArgs o{attn, nullptr, 0.0f, w.o, T, H, QD, cuda::GemvInput::kPlain, cuda::GemvOutput::kAddBf16, x};

@@ -77,6 +77,10 @@ struct CudaModelOptions {
   // short prompts). 0: 32 in batch-invariant mode (one kernel for every pass, since the two
   // differ by rounding at head_dim 128), else chosen per pass by its CTA count.
   int prefill_warp_rows = 0;
+  // Prefill attention on Hopper's warpgroup MMA (kernels.h: launch_prefill_attention_wgmma)
+  // where the build and the shape allow it (sm_90a, head_dim 128), outside batch-invariant mode;
+  // false: the mma.sync kernel (prefill_warp_rows). The two differ by rounding. For benchmarks.
+  bool prefill_wgmma = true;
   // Decode attention partition (kernels.h: 64, 128 or 256 tokens) for every pass; 0: 64 tokens for
   // decode steps of up to 8 sequences (more CTAs where few would run), 256 otherwise.
   int decode_partition_tokens = 0;

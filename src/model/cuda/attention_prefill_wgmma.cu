@@ -1,0 +1,286 @@
+// Prefill attention on Hopper's warpgroup MMA (wgmma, sm_90a), head_dim 128.
+//
+// The same work as attention_prefill.cu's kernel (causal, variable-length,
+// GQA, over the paged KV cache; a CTA serves one work item of 64 query rows
+// for one query head or a pair sharing a kv head), with both products on
+// wgmma instead of mma.sync:
+//  - one warpgroup (4 warps, 128 threads) per query head; warp w holds rows
+//    16w..16w+15 of the tile, as in mma.sync's fragment layout (wgmma.cuh);
+//  - S = Q K^T (64 x 64 keys, fp32) is one wgmma chain reading Q and K from
+//    shared memory; O += P V (64 x 128) takes P from registers (the score
+//    accumulators, rounded to bf16, are already A fragments) and V from
+//    shared memory as an MN-major operand;
+//  - Q, K and V tiles sit in shared memory 128-byte swizzled (two 64-column
+//    blocks per 128-wide row), gathered from the cache blocks with cp.async,
+//    K/V double-buffered. No ldmatrix: the tensor cores read shared memory
+//    themselves, which is what bounds the mma.sync kernel (its header).
+// The online softmax is that kernel's, step for step: 64-key steps from key
+// 0, fp32 in the log2 domain, the same masks and rescaling. So a row's output
+// depends only on its position and its sequence's cache, as that header
+// argues, and not on its tile, its CTA or its pass. The two kernels differ by
+// the products' summation order (rounding), so a run takes one of them for
+// every pass (batch-invariant mode keeps the mma.sync kernel).
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "model/cuda/device_util.cuh"
+#include "model/cuda/kernels.h"
+#include "model/cuda/mma.cuh"
+#include "model/cuda/wgmma.cuh"
+
+namespace siesta::cuda {
+namespace {
+
+constexpr int kHeadDim = 128;
+constexpr int kBM = kPrefillTileRows;  // query rows per head per CTA (one warpgroup)
+constexpr int kBN = 64;                // keys per tile
+constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+static_assert(kBM == 64 && kBN == 64, "one m64 wgmma row block per head, 64-key tiles");
+// A 64 x 128 bf16 tile: two 64 x 64 column blocks of 8 KB, each 128-byte swizzled.
+constexpr uint32_t kBlockBytes = 64 * 128;
+constexpr uint32_t kTileBytes = 2 * kBlockBytes;
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <int kHeads>
+constexpr size_t smem_bytes() {
+  return (kHeads + 4) * kTileBytes + 1024;  // Q per head, K and V twice; +1 KB to align to 1024
+}
+
+// Byte offset of 16-byte chunk c (of kChunks) of row r in a swizzled tile.
+__device__ __forceinline__ uint32_t tile_offset(int r, int c) {
+  return (c >> 3) * kBlockBytes + dev::swizzle128(r, c);
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two CTAs per SM (128 registers per thread, 97 KB of shared memory each): on
+// the H200 that beats one CTA with deeper K/V buffering or 128-key tiles by ~1.35x.
+template <int kHeads>
+__global__ __launch_bounds__(128 * kHeads, 2) void prefill_attention_wgmma_kernel(AttentionArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kThreads = 128 * kHeads;
+  dev::begin_dependent_kernel();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t raw = dev::smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw + 1023) & ~1023u) - raw);
+  unsigned char* Qs = smem;                      // [kHeads] tiles
+  unsigned char* Ks = Qs + kHeads * kTileBytes;  // [2] tiles
+  unsigned char* Vs = Ks + 2 * kTileBytes;       // [2] tiles
+
+  const int h0 = blockIdx.x * kHeads, item = blockIdx.y;
+  const int seq = a.prefill_items[2 * item], tile = a.prefill_items[2 * item + 1];
+  const int q_len = a.seq_q_len[seq], kv_len = a.seq_kv_len[seq], q_start = a.seq_q_start[seq];
+  const size_t out_stride = static_cast<size_t>(a.num_heads) * kHeadDim;
+  if (kv_len <= 0) {  // padding: defined output, no cache reads (whole CTA returns)
+    const int pad_rows = min(kBM, q_len - tile * kBM), width = kHeads * kHeadDim;
+    for (int i = threadIdx.x; i < pad_rows * width; i += kThreads) {
+      const int r = i / width, c = i % width;
+      a.out[static_cast<size_t>(q_start + tile * kBM + r) * out_stride + h0 * kHeadDim + c] = __float2bfloat16(0.0f);
+    }
+    return;
+  }
+  const int start_pos = kv_len - q_len;
+  const int kvh = h0 / (a.num_heads / a.num_kv_heads);
+  const int r0 = tile * kBM;
+  const int rows = min(kBM, q_len - r0);
+  const int key_end = start_pos + r0 + rows;  // keys [0, key_end) are visible to some row
+  const int ntiles = (key_end + kBN - 1) / kBN;
+  const int* table = a.block_tables + a.seq_table_start[seq];
+  const int tid = threadIdx.x, lane = tid & 31;
+
+  // Q tiles of every head; rows past the sequence are zero.
+  for (int i = tid; i < kHeads * kBM * kChunks; i += kThreads) {
+    const int hr = i / kChunks, c = i % kChunks;  // hr = head * kBM + row
+    const int r = hr % kBM;
+    const bool ok = r < rows;
+    const bf16* src =
+        ok ? a.q + (static_cast<size_t>(q_start + r0 + r) * a.num_heads + h0 + hr / kBM) * kHeadDim + c * 8 : a.q;
+    dev::cp_async16(Qs + (hr / kBM) * kTileBytes + tile_offset(r, c), src, ok);
+  }
+  // K/V tile j into stage st; positions at or past kv_len are zero (the cache
+  // there may hold anything, and 0 * NaN would poison the sums). Thread tid
+  // copies chunk tid % 16 of rows tid / 16 + kThreads / 16 * n.
+  constexpr int kRowStep = kThreads / kChunks;
+  const int my_chunk = tid % kChunks, my_row = tid / kChunks;
+  const size_t block_elems = static_cast<size_t>(a.kv.num_layers) * 2 * kKvBlockSize * a.kv.num_kv_heads * kHeadDim;
+  const size_t slot_elems = static_cast<size_t>(a.kv.num_kv_heads) * kHeadDim;
+  // K of (block 0, slot 0) for this layer, kv head and chunk; V is kKvBlockSize slots further.
+  const bf16* k0 = a.kv.base + static_cast<size_t>(a.layer) * 2 * kKvBlockSize * slot_elems +
+                   static_cast<size_t>(kvh) * kHeadDim + my_chunk * 8;
+  const size_t v_delta = kKvBlockSize * slot_elems;
+  auto load_kv = [&](int j, int st) {
+#pragma unroll 1
+    for (int r = my_row; r < kBN; r += kRowStep) {
+      const int key = j * kBN + r;
+      const bool ok = key < kv_len;
+      const bf16* ksrc = a.kv.base;
+      if (ok) ksrc = k0 + table[key / kKvBlockSize] * block_elems + (key % kKvBlockSize) * slot_elems;
+      const uint32_t dst = st * kTileBytes + tile_offset(r, my_chunk);
+      dev::cp_async16(Ks + dst, ksrc, ok);
+      dev::cp_async16(Vs + dst, ok ? ksrc + v_delta : ksrc, ok);
+    }
+  };
+  load_kv(0, 0);
+  dev::cp_async_commit();
+
+  const int head_local = tid >> 7;  // this warpgroup's head
+  const int h = h0 + head_local;
+  const int warp_row0 = ((tid >> 5) & 3) * 16;  // the warp's first row in the tile
+  const int g = lane >> 2, t4 = lane & 3;
+  // This thread's rows: warp_row0 + g and + 8 (positions pos0 and pos0 + 8).
+  const int warp_pos0 = start_pos + r0 + warp_row0;
+  const int pos0 = warp_pos0 + g;
+  const float qscale = a.scale * kLog2e;
+  const uint32_t q_smem = dev::smem_addr(Qs + head_local * kTileBytes);
+  const uint32_t k_smem = dev::smem_addr(Ks), v_smem = dev::smem_addr(Vs);
+
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+  for (int j = 0; j < ntiles; ++j) {
+    const int st = j & 1;
+    // Tile j has landed, for every thread; and every warpgroup is done with tile j - 1,
+    // so its stage takes tile j + 1 now (one barrier per tile).
+    dev::cp_async_wait<0>();
+    dev::fence_async_shared();
+    __syncthreads();
+    if (j + 1 < ntiles) load_kv(j + 1, st ^ 1);
+    dev::cp_async_commit();
+
+    // S = Q K^T: 8 k16 steps, 4 in each 64-column block (32 bytes apart in a swizzled row).
+    float s[32];
+    dev::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t at = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
+      const uint64_t qd = dev::smem_desc128(q_smem + at, 16, 1024);
+      const uint64_t kd = dev::smem_desc128(k_smem + st * kTileBytes + at, 16, 1024);
+      if (kk == 0) {
+        dev::wgmma_m64n64k16_ss<false>(s, qd, kd);
+      } else {
+        dev::wgmma_m64n64k16_ss<true>(s, qd, kd);
+      }
+    }
+    dev::wgmma_commit();
+    dev::wgmma_wait<0>();
+    dev::wgmma_hold(s);
+
+    // Mask the keys past each row's position (raw scores; the scale is folded into the
+    // exponent). Those include every key at or past kv_len, as a row's position is below it.
+    const int key0 = j * kBN;
+    if (key0 + kBN - 1 > warp_pos0) {
+#pragma unroll
+      for (int nt = 0; nt < kBN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + nt * 8 + 2 * t4 + (e & 1);
+          if (key > pos0 + (e < 2 ? 0 : 8)) s[4 * nt + e] = -INFINITY;
+        }
+    }
+
+    // Online softmax, as attention_prefill.cu: the 4 lanes of a quad share a row; p packs
+    // into the A fragments of P (pk[kc]: keys 16 kc ..).
+    uint32_t pk[kBN / 16][4];
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < kBN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * rh], s[4 * nt + 2 * rh + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // The first tile always holds position 0, visible to every row: m_new is finite.
+      const float m_new = fmaxf(m_run[rh], mx);
+      // Exactly 1 when the max did not move, so tiles past a row's position change nothing.
+      const float alpha = m_new == m_run[rh] ? 1.0f : fast_exp2((m_run[rh] - m_new) * qscale);
+      m_run[rh] = m_new;
+      const float offset = -m_new * qscale;
+      float rs = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < kBN / 8; ++nt) {
+        const float p0 = fast_exp2(fmaf(s[4 * nt + 2 * rh], qscale, offset));
+        const float p1 = fast_exp2(fmaf(s[4 * nt + 2 * rh + 1], qscale, offset));
+        rs += p0 + p1;
+        pk[nt / 2][(nt & 1) * 2 + rh] = dev::pack_bf16(p0, p1);
+      }
+      l_run[rh] = l_run[rh] * alpha + rs;
+      // Rescale o where a row's max moved. Once the max settles (in attention, within a few
+      // tiles) no row of the warp needs it and the warp skips the multiplications; a row with
+      // alpha 1 in a warp that does them is multiplied by exactly 1, which changes no bit.
+      if (__any_sync(0xffffffffu, alpha != 1.0f)) {
+#pragma unroll
+        for (int d = 0; d < kHeadDim / 8; ++d) {
+          o[4 * d + 2 * rh] *= alpha;
+          o[4 * d + 2 * rh + 1] *= alpha;
+        }
+      }
+    }
+    // O += P V: 4 k16 steps over the tile's keys, 16 rows (2 KB of each column block) apart.
+    dev::wgmma_fence();
+#pragma unroll
+    for (int kc = 0; kc < kBN / 16; ++kc) {
+      const uint64_t vd = dev::smem_desc128(v_smem + st * kTileBytes + kc * 16 * 128, kBlockBytes, 1024);
+      dev::wgmma_m64n128k16_rs_mn(o, pk[kc], vd);
+    }
+    dev::wgmma_commit();
+    dev::wgmma_wait<0>();
+    dev::wgmma_hold(o);
+  }
+
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh) {
+    l_run[rh] += __shfl_xor_sync(0xffffffffu, l_run[rh], 1);
+    l_run[rh] += __shfl_xor_sync(0xffffffffu, l_run[rh], 2);
+  }
+  const int local_a = warp_row0 + g;  // this thread's rows local_a and local_a + 8
+  const float inv_a = 1.0f / l_run[0], inv_b = 1.0f / l_run[1];
+#pragma unroll
+  for (int d = 0; d < kHeadDim / 8; ++d) {
+    const int col = h * kHeadDim + d * 8 + 2 * t4;
+    if (local_a < rows)
+      *reinterpret_cast<__nv_bfloat162*>(a.out + static_cast<size_t>(q_start + r0 + local_a) * out_stride + col) =
+          __floats2bfloat162_rn(o[4 * d] * inv_a, o[4 * d + 1] * inv_a);
+    if (local_a + 8 < rows)
+      *reinterpret_cast<__nv_bfloat162*>(a.out + static_cast<size_t>(q_start + r0 + local_a + 8) * out_stride + col) =
+          __floats2bfloat162_rn(o[4 * d + 2] * inv_b, o[4 * d + 3] * inv_b);
+  }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+template <int kHeads>
+cudaError_t launch_for(const AttentionArgs& a, int num_items, const LaunchConfig& launch) {
+  constexpr size_t bytes = smem_bytes<kHeads>();
+  auto* kernel = prefill_attention_wgmma_kernel<kHeads>;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (attr != cudaSuccess) return attr;
+  return launch_kernel(kernel, dim3(a.num_heads / kHeads, num_items), 128 * kHeads, bytes, launch, a);
+}
+
+}  // namespace
+
+bool prefill_wgmma_supported(int num_heads, int num_kv_heads, int head_dim) {
+#if SIESTA_CUDA_WGMMA
+  return head_dim == kHeadDim && attention_supported(num_heads, num_kv_heads, head_dim);
+#else
+  (void)num_heads, (void)num_kv_heads, (void)head_dim;
+  return false;
+#endif
+}
+
+cudaError_t launch_prefill_attention_wgmma(const AttentionArgs& args, int num_items, LaunchConfig launch) {
+  if (num_items <= 0) return cudaSuccess;
+  if (!prefill_wgmma_supported(args.num_heads, args.num_kv_heads, args.head_dim) || num_items > 65535)
+    return cudaErrorInvalidValue;
+  if (prefill_heads_per_cta(args.num_heads, args.num_kv_heads, args.prefill_heads_per_cta) == 2)
+    return launch_for<2>(args, num_items, launch);
+  return launch_for<1>(args, num_items, launch);
+}
+
+}  // namespace siesta::cuda
