@@ -107,19 +107,22 @@ __global__ __launch_bounds__(128 * kHeads, 2) void prefill_attention_wgmma_kerne
   // copies chunk tid % 16 of rows tid / 16 + kThreads / 16 * n.
   constexpr int kRowStep = kThreads / kChunks;
   const int my_chunk = tid % kChunks, my_row = tid / kChunks;
-  const size_t block_elems = static_cast<size_t>(a.kv.num_layers) * 2 * kKvBlockSize * a.kv.num_kv_heads * kHeadDim;
-  const size_t slot_elems = static_cast<size_t>(a.kv.num_kv_heads) * kHeadDim;
+  // Element strides of a cache block and of a slot (32-bit: a block of one layer is far below
+  // 2^32 elements; only the block offset needs 64 bits).
+  const uint32_t block_elems = static_cast<uint32_t>(a.kv.num_layers) * 2 * kKvBlockSize * a.kv.num_kv_heads * kHeadDim;
+  const uint32_t slot_elems = static_cast<uint32_t>(a.kv.num_kv_heads) * kHeadDim;
   // K of (block 0, slot 0) for this layer, kv head and chunk; V is kKvBlockSize slots further.
   const bf16* k0 = a.kv.base + static_cast<size_t>(a.layer) * 2 * kKvBlockSize * slot_elems +
                    static_cast<size_t>(kvh) * kHeadDim + my_chunk * 8;
-  const size_t v_delta = kKvBlockSize * slot_elems;
+  const uint32_t v_delta = kKvBlockSize * slot_elems;
   auto load_kv = [&](int j, int st) {
 #pragma unroll 1
     for (int r = my_row; r < kBN; r += kRowStep) {
       const int key = j * kBN + r;
       const bool ok = key < kv_len;
       const bf16* ksrc = a.kv.base;
-      if (ok) ksrc = k0 + table[key / kKvBlockSize] * block_elems + (key % kKvBlockSize) * slot_elems;
+      if (ok)
+        ksrc = k0 + static_cast<size_t>(table[key / kKvBlockSize]) * block_elems + (key % kKvBlockSize) * slot_elems;
       const uint32_t dst = st * kTileBytes + tile_offset(r, my_chunk);
       dev::cp_async16(Ks + dst, ksrc, ok);
       dev::cp_async16(Vs + dst, ok ? ksrc + v_delta : ksrc, ok);
@@ -185,42 +188,55 @@ __global__ __launch_bounds__(128 * kHeads, 2) void prefill_attention_wgmma_kerne
         }
     }
 
-    // Online softmax, as attention_prefill.cu: the 4 lanes of a quad share a row; p packs
-    // into the A fragments of P (pk[kc]: keys 16 kc ..).
-    uint32_t pk[kBN / 16][4];
+    // Online softmax (the 4 lanes of a quad share a row), both of the thread's rows at
+    // once and with tree-shaped max and sum, so that few dependent chains wait on each
+    // other: a warp's latency is what bounds this kernel. p packs into the A fragments
+    // of P (pk[kc]: keys 16 kc ..).
+    float mx[2];
 #pragma unroll
     for (int rh = 0; rh < 2; ++rh) {
-      float mx = -INFINITY;
+      float m4[4];
 #pragma unroll
-      for (int nt = 0; nt < kBN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * rh], s[4 * nt + 2 * rh + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      for (int q = 0; q < 4; ++q)
+        m4[q] = fmaxf(fmaxf(s[8 * q + 2 * rh], s[8 * q + 2 * rh + 1]),
+                      fmaxf(s[8 * q + 4 + 2 * rh], s[8 * q + 5 + 2 * rh]));
+      mx[rh] = fmaxf(fmaxf(m4[0], m4[1]), fmaxf(m4[2], m4[3]));
+    }
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) mx[rh] = fmaxf(mx[rh], __shfl_xor_sync(0xffffffffu, mx[rh], 1));
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) mx[rh] = fmaxf(mx[rh], __shfl_xor_sync(0xffffffffu, mx[rh], 2));
+    float alpha[2], offset[2];
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
       // The first tile always holds position 0, visible to every row: m_new is finite.
-      const float m_new = fmaxf(m_run[rh], mx);
+      const float m_new = fmaxf(m_run[rh], mx[rh]);
       // Exactly 1 when the max did not move, so tiles past a row's position change nothing.
-      const float alpha = m_new == m_run[rh] ? 1.0f : fast_exp2((m_run[rh] - m_new) * qscale);
+      alpha[rh] = m_new == m_run[rh] ? 1.0f : fast_exp2((m_run[rh] - m_new) * qscale);
       m_run[rh] = m_new;
-      const float offset = -m_new * qscale;
-      float rs = 0.0f;
+      offset[rh] = -m_new * qscale;
+    }
 #pragma unroll
-      for (int nt = 0; nt < kBN / 8; ++nt) {
-        const float p0 = fast_exp2(fmaf(s[4 * nt + 2 * rh], qscale, offset));
-        const float p1 = fast_exp2(fmaf(s[4 * nt + 2 * rh + 1], qscale, offset));
-        rs += p0 + p1;
+    for (int d = 0; d < kHeadDim / 8; ++d) {
+      o[4 * d] *= alpha[0];
+      o[4 * d + 1] *= alpha[0];
+      o[4 * d + 2] *= alpha[1];
+      o[4 * d + 3] *= alpha[1];
+    }
+    uint32_t pk[kBN / 16][4];
+    float rs[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [row][even or odd n8 block]
+#pragma unroll
+    for (int nt = 0; nt < kBN / 8; ++nt)
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh) {
+        const float p0 = fast_exp2(fmaf(s[4 * nt + 2 * rh], qscale, offset[rh]));
+        const float p1 = fast_exp2(fmaf(s[4 * nt + 2 * rh + 1], qscale, offset[rh]));
+        rs[rh][nt & 1] += p0 + p1;
         pk[nt / 2][(nt & 1) * 2 + rh] = dev::pack_bf16(p0, p1);
       }
-      l_run[rh] = l_run[rh] * alpha + rs;
-      // Rescale o where a row's max moved. Once the max settles (in attention, within a few
-      // tiles) no row of the warp needs it and the warp skips the multiplications; a row with
-      // alpha 1 in a warp that does them is multiplied by exactly 1, which changes no bit.
-      if (__any_sync(0xffffffffu, alpha != 1.0f)) {
 #pragma unroll
-        for (int d = 0; d < kHeadDim / 8; ++d) {
-          o[4 * d + 2 * rh] *= alpha;
-          o[4 * d + 2 * rh + 1] *= alpha;
-        }
-      }
-    }
+    for (int rh = 0; rh < 2; ++rh) l_run[rh] = l_run[rh] * alpha[rh] + (rs[rh][0] + rs[rh][1]);
+
     // O += P V: 4 k16 steps over the tile's keys, 16 rows (2 KB of each column block) apart.
     dev::wgmma_fence();
 #pragma unroll
