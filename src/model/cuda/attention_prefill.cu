@@ -1,4 +1,6 @@
 // Prefill attention: causal, variable-length, GQA, over the paged KV cache.
+// (attention_prefill_wgmma.cu does the same on Hopper's warpgroup MMA for head_dim 128, and
+// is what sm_90a builds take there; this kernel serves head_dim 64 and other builds.)
 //
 // Flash-attention style. A CTA serves one work item (a sequence and a tile of
 // 64 query rows, kPrefillTileRows) for one query head, or for a pair of query

@@ -153,8 +153,9 @@ cudaError_t launch_prefill_attention(const AttentionArgs& args, int num_items, L
 
 // The same contract on Hopper's warpgroup MMA (attention_prefill_wgmma.cu), for head_dim 128 in
 // builds for sm_90a (prefill_wgmma_supported); prefill_heads_per_cta applies, prefill_warp_rows
-// does not. Its products sum in another order than the mma.sync kernel's, so the two differ by
-// rounding: a model takes one of them for every pass.
+// does not. A row's result depends only on its position and its cache, as with the mma.sync
+// kernel; but the two sum in other orders, so they differ by rounding: a model takes one of them
+// for every pass.
 bool prefill_wgmma_supported(int num_heads, int num_kv_heads, int head_dim);
 cudaError_t launch_prefill_attention_wgmma(const AttentionArgs& args, int num_items, LaunchConfig launch);
 

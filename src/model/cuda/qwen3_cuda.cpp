@@ -259,8 +259,7 @@ struct CudaQwen3::Impl {
     return ctas >= 2L * sm_count ? 32 : 16;
   }
   bool use_prefill_wgmma() const {
-    return opt.prefill_wgmma && !opt.batch_invariant &&
-           cuda::prefill_wgmma_supported(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    return opt.prefill_wgmma && cuda::prefill_wgmma_supported(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
   }
   static constexpr int kShortPartitionBatch = cuda::kGemvMaxRows;
   static constexpr int kShortPartitionTokens = 64;

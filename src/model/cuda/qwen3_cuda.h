@@ -78,7 +78,8 @@ struct CudaModelOptions {
   // differ by rounding at head_dim 128), else chosen per pass by its CTA count.
   int prefill_warp_rows = 0;
   // Prefill attention on Hopper's warpgroup MMA (kernels.h: launch_prefill_attention_wgmma)
-  // where the build and the shape allow it (sm_90a, head_dim 128), outside batch-invariant mode;
+  // where the build and the shape allow it (sm_90a, head_dim 128), for every pass (in
+  // batch-invariant mode too: a row's result does not depend on its tile there either);
   // false: the mma.sync kernel (prefill_warp_rows). The two differ by rounding. For benchmarks.
   bool prefill_wgmma = true;
   // Decode attention partition (kernels.h: 64, 128 or 256 tokens) for every pass; 0: 64 tokens for
