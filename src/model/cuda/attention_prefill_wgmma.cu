@@ -112,9 +112,13 @@ __global__ __launch_bounds__(128 * kHeads, 2) void prefill_attention_wgmma_kerne
   }
   // K/V tile j into stage st; positions at or past kv_len are zero (the cache
   // there may hold anything, and 0 * NaN would poison the sums). Thread tid
-  // copies chunk tid % 16 of rows tid / 16 + kThreads / 16 * n.
+  // copies chunk tid % 16 of rows r = tid / 16 + kThreads / 16 * n: key
+  // 64 j + r, in cache block table[4 j + r / 16] at slot r % 16. Its shared
+  // memory offsets are the same for every tile, and unsigned arithmetic keeps
+  // the address math to a few instructions per row.
   constexpr int kRowStep = kThreads / kChunks;
-  const int my_chunk = tid % kChunks, my_row = tid / kChunks;
+  constexpr int kRowsPerThread = kBN / kRowStep;
+  const uint32_t my_chunk = tid % kChunks, my_row = tid / kChunks;
   // Element strides of a cache block and of a slot (32-bit: a block of one layer is far below
   // 2^32 elements; only the block offset needs 64 bits).
   const uint32_t block_elems = static_cast<uint32_t>(a.kv.num_layers) * 2 * kKvBlockSize * a.kv.num_kv_heads * kHeadDim;
@@ -123,15 +127,18 @@ __global__ __launch_bounds__(128 * kHeads, 2) void prefill_attention_wgmma_kerne
   const bf16* k0 = a.kv.base + static_cast<size_t>(a.layer) * 2 * kKvBlockSize * slot_elems +
                    static_cast<size_t>(kvh) * kHeadDim + my_chunk * 8;
   const uint32_t v_delta = kKvBlockSize * slot_elems;
+  const uint32_t kv_keys = static_cast<uint32_t>(kv_len);
   auto load_kv = [&](int j, int st) {
-#pragma unroll 1
-    for (int r = my_row; r < kBN; r += kRowStep) {
-      const int key = j * kBN + r;
-      const bool ok = key < kv_len;
+    const uint32_t key0 = static_cast<uint32_t>(j) * kBN;
+    const int* tile_blocks = table + key0 / kKvBlockSize;
+#pragma unroll 2  // fully unrolled, the 128-register budget spills
+    for (int n = 0; n < kRowsPerThread; ++n) {
+      const uint32_t r = my_row + kRowStep * n;
+      const bool ok = key0 + r < kv_keys;
       const bf16* ksrc = a.kv.base;
       if (ok)
-        ksrc = k0 + static_cast<size_t>(table[key / kKvBlockSize]) * block_elems + (key % kKvBlockSize) * slot_elems;
-      const uint32_t dst = st * kTileBytes + tile_offset(r, my_chunk);
+        ksrc = k0 + static_cast<size_t>(tile_blocks[r / kKvBlockSize]) * block_elems + (r % kKvBlockSize) * slot_elems;
+      const uint32_t dst = st * kTileBytes + tile_offset(static_cast<int>(r), static_cast<int>(my_chunk));
       dev::cp_async16(Ks + dst, ksrc, ok);
       dev::cp_async16(Vs + dst, ok ? ksrc + v_delta : ksrc, ok);
     }
@@ -158,12 +165,10 @@ __global__ __launch_bounds__(128 * kHeads, 2) void prefill_attention_wgmma_kerne
   for (int j = 0; j < ntiles; ++j) {
     const int st = j & 1;
     // Tile j has landed, for every thread; and every warpgroup is done with tile j - 1,
-    // so its stage takes tile j + 1 now (one barrier per tile).
+    // so its stage takes tile j + 1 (one barrier per tile), once S is on its way.
     dev::cp_async_wait<0>();
     dev::fence_async_shared();
     __syncthreads();
-    if (j + 1 < ntiles) load_kv(j + 1, st ^ 1);
-    dev::cp_async_commit();
 
     // S = Q K^T: 8 k16 steps, 4 in each 64-column block (32 bytes apart in a swizzled row).
     float s[32];
@@ -180,6 +185,10 @@ __global__ __launch_bounds__(128 * kHeads, 2) void prefill_attention_wgmma_kerne
       }
     }
     dev::wgmma_commit();
+    // Tile j + 1's copies go out while the tensor cores compute S (their block-table reads
+    // would otherwise delay it).
+    if (j + 1 < ntiles) load_kv(j + 1, st ^ 1);
+    dev::cp_async_commit();
     dev::wgmma_wait<0>();
     dev::wgmma_hold(s);
 
@@ -224,12 +233,17 @@ __global__ __launch_bounds__(128 * kHeads, 2) void prefill_attention_wgmma_kerne
       m_run[rh] = m_new;
       offset[rh] = -m_new * qscale;
     }
+    // Rescale o where a row's max moved. Once the max settles (in attention, within a few
+    // tiles) no row of the warp needs it and the warp skips the multiplications; a row with
+    // alpha 1 in a warp that does them is multiplied by exactly 1, which changes no bit.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-    for (int d = 0; d < kHeadDim / 8; ++d) {
-      o[4 * d] *= alpha[0];
-      o[4 * d + 1] *= alpha[0];
-      o[4 * d + 2] *= alpha[1];
-      o[4 * d + 3] *= alpha[1];
+      for (int d = 0; d < kHeadDim / 8; ++d) {
+        o[4 * d] *= alpha[0];
+        o[4 * d + 1] *= alpha[0];
+        o[4 * d + 2] *= alpha[1];
+        o[4 * d + 3] *= alpha[1];
+      }
     }
     uint32_t pk[kBN / 16][4];
     float rs[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [row][even or odd n8 block]
