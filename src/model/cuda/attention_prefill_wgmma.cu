@@ -304,7 +304,7 @@ cudaError_t launch_for(const AttentionArgs& a, int num_items, const LaunchConfig
 }  // namespace
 
 bool prefill_wgmma_supported(int num_heads, int num_kv_heads, int head_dim) {
-#if SIESTA_CUDA_WGMMA
+#if defined(SIESTA_CUDA_WGMMA)
   return head_dim == kHeadDim && attention_supported(num_heads, num_kv_heads, head_dim);
 #else
   (void)num_heads, (void)num_kv_heads, (void)head_dim;
