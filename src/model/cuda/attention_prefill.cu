@@ -58,6 +58,7 @@
 
 #include <cmath>
 
+#include "model/cuda/attention_prefill.cuh"
 #include "model/cuda/device_util.cuh"
 #include "model/cuda/kernels.h"
 #include "model/cuda/mma.cuh"
@@ -65,16 +66,11 @@
 namespace siesta::cuda {
 namespace {
 
+using dev::fast_exp2;
+using dev::kLog2e;
+
 constexpr int kBM = kPrefillTileRows;  // query rows per head per CTA
 constexpr int kBN = 64;                // keys per tile
-constexpr float kLog2e = 1.4426950408889634f;
-
-// 2^x with the SFU's approximation (relative error ~2^-22); 2^-inf = 0.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 template <int kHeadDim>
 constexpr int smem_row() {
@@ -111,25 +107,17 @@ __global__ __launch_bounds__(cta_threads<kHeads, kWarpRows>()) void prefill_atte
   bf16* Ks = Qs + kHeads * kBM * LD;             // [2][kBN][LD]
   bf16* Vs = Ks + 2 * kBN * LD;                  // [2][kBN][LD]
 
-  const int h0 = blockIdx.x * kHeads, item = blockIdx.y;
-  const int seq = a.prefill_items[2 * item], tile = a.prefill_items[2 * item + 1];
-  const int q_len = a.seq_q_len[seq], kv_len = a.seq_kv_len[seq], q_start = a.seq_q_start[seq];
-  if (kv_len <= 0) {  // padding: defined output, no cache reads (whole CTA returns)
-    const int pad_rows = min(kBM, q_len - tile * kBM), width = kHeads * kHeadDim;
-    for (int i = threadIdx.x; i < pad_rows * width; i += kThreads) {
-      const int r = i / width, c = i % width;
-      a.out[static_cast<size_t>(q_start + tile * kBM + r) * a.num_heads * kHeadDim + h0 * kHeadDim + c] =
-          __float2bfloat16(0.0f);
-    }
+  const int h0 = blockIdx.x * kHeads;
+  const dev::PrefillTile pt = dev::prefill_tile(a, blockIdx.y);
+  if (pt.kv_len <= 0) {  // padding: defined output, no cache reads (whole CTA returns)
+    dev::prefill_padding_zeros(a, pt, h0, kHeads);
     return;
   }
-  const int start_pos = kv_len - q_len;
+  const int kv_len = pt.kv_len, q_start = pt.q_start, start_pos = pt.start_pos;
+  const int r0 = pt.r0, rows = pt.rows;
   const int kvh = h0 / (a.num_heads / a.num_kv_heads);
-  const int r0 = tile * kBM;
-  const int rows = min(kBM, q_len - r0);
-  const int key_end = start_pos + r0 + rows;  // keys [0, key_end) are visible to some row
-  const int ntiles = (key_end + kBN - 1) / kBN;
-  const int* table = a.block_tables + a.seq_table_start[seq];
+  const int ntiles = (pt.key_end + kBN - 1) / kBN;
+  const int* table = pt.table;
   const int tid = threadIdx.x, lane = tid & 31;
   const int head_local = (tid >> 5) / kWarpsPerHead;  // this warp's head
   const int warp_row0 = ((tid >> 5) % kWarpsPerHead) * kWarpRows;  // its first row in the tile

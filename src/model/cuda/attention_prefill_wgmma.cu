@@ -31,6 +31,7 @@
 
 #include <cmath>
 
+#include "model/cuda/attention_prefill.cuh"
 #include "model/cuda/device_util.cuh"
 #include "model/cuda/kernels.h"
 #include "model/cuda/mma.cuh"
@@ -47,7 +48,8 @@ static_assert(kBM == 64 && kBN == 64, "one m64 wgmma row block per head, 64-key 
 // A 64 x 128 bf16 tile: two 64 x 64 column blocks of 8 KB, each 128-byte swizzled.
 constexpr uint32_t kBlockBytes = 64 * 128;
 constexpr uint32_t kTileBytes = 2 * kBlockBytes;
-constexpr float kLog2e = 1.4426950408889634f;
+using dev::fast_exp2;
+using dev::kLog2e;
 
 template <int kHeads>
 constexpr size_t smem_bytes() {
@@ -57,12 +59,6 @@ constexpr size_t smem_bytes() {
 // Byte offset of 16-byte chunk c (of kChunks) of row r in a swizzled tile.
 __device__ __forceinline__ uint32_t tile_offset(int r, int c) {
   return (c >> 3) * kBlockBytes + dev::swizzle128(r, c);
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // Two CTAs per SM (128 registers per thread, 97 KB of shared memory each): on
@@ -80,25 +76,18 @@ __global__ __launch_bounds__(128 * kHeads, 2) void prefill_attention_wgmma_kerne
   unsigned char* Ks = Qs + kHeads * kTileBytes;  // [2] tiles
   unsigned char* Vs = Ks + 2 * kTileBytes;       // [2] tiles
 
-  const int h0 = blockIdx.x * kHeads, item = blockIdx.y;
-  const int seq = a.prefill_items[2 * item], tile = a.prefill_items[2 * item + 1];
-  const int q_len = a.seq_q_len[seq], kv_len = a.seq_kv_len[seq], q_start = a.seq_q_start[seq];
-  const size_t out_stride = static_cast<size_t>(a.num_heads) * kHeadDim;
-  if (kv_len <= 0) {  // padding: defined output, no cache reads (whole CTA returns)
-    const int pad_rows = min(kBM, q_len - tile * kBM), width = kHeads * kHeadDim;
-    for (int i = threadIdx.x; i < pad_rows * width; i += kThreads) {
-      const int r = i / width, c = i % width;
-      a.out[static_cast<size_t>(q_start + tile * kBM + r) * out_stride + h0 * kHeadDim + c] = __float2bfloat16(0.0f);
-    }
+  const int h0 = blockIdx.x * kHeads;
+  const dev::PrefillTile pt = dev::prefill_tile(a, blockIdx.y);
+  if (pt.kv_len <= 0) {  // padding: defined output, no cache reads (whole CTA returns)
+    dev::prefill_padding_zeros(a, pt, h0, kHeads);
     return;
   }
-  const int start_pos = kv_len - q_len;
+  const int kv_len = pt.kv_len, q_start = pt.q_start, start_pos = pt.start_pos;
+  const int r0 = pt.r0, rows = pt.rows;
+  const size_t out_stride = static_cast<size_t>(a.num_heads) * kHeadDim;
   const int kvh = h0 / (a.num_heads / a.num_kv_heads);
-  const int r0 = tile * kBM;
-  const int rows = min(kBM, q_len - r0);
-  const int key_end = start_pos + r0 + rows;  // keys [0, key_end) are visible to some row
-  const int ntiles = (key_end + kBN - 1) / kBN;
-  const int* table = a.block_tables + a.seq_table_start[seq];
+  const int ntiles = (pt.key_end + kBN - 1) / kBN;
+  const int* table = pt.table;
   const int tid = threadIdx.x, lane = tid & 31;
 
   // Q tiles of every head; rows past the sequence are zero.
