@@ -37,6 +37,8 @@
 #include "model/cuda/mma.cuh"
 #include "model/cuda/wgmma.cuh"
 
+#if defined(SIESTA_CUDA_WGMMA)  // set by the build for sm_90a (src/CMakeLists.txt)
+
 namespace siesta::cuda {
 namespace {
 
@@ -293,12 +295,7 @@ cudaError_t launch_for(const AttentionArgs& a, int num_items, const LaunchConfig
 }  // namespace
 
 bool prefill_wgmma_supported(int num_heads, int num_kv_heads, int head_dim) {
-#if defined(SIESTA_CUDA_WGMMA)
   return head_dim == kHeadDim && attention_supported(num_heads, num_kv_heads, head_dim);
-#else
-  (void)num_heads, (void)num_kv_heads, (void)head_dim;
-  return false;
-#endif
 }
 
 cudaError_t launch_prefill_attention_wgmma(const AttentionArgs& args, int num_items, LaunchConfig launch) {
@@ -311,3 +308,15 @@ cudaError_t launch_prefill_attention_wgmma(const AttentionArgs& args, int num_it
 }
 
 }  // namespace siesta::cuda
+
+#else  // built for another architecture: the mma.sync kernel serves
+
+namespace siesta::cuda {
+
+bool prefill_wgmma_supported(int, int, int) { return false; }
+
+cudaError_t launch_prefill_attention_wgmma(const AttentionArgs&, int, LaunchConfig) { return cudaErrorInvalidValue; }
+
+}  // namespace siesta::cuda
+
+#endif  // SIESTA_CUDA_WGMMA
