@@ -1,7 +1,5 @@
 #include "proxy/proxy.h"
 
-#include <sys/socket.h>
-
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -9,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/listen_backlog.h"
 #include "common/log.h"
 #include "proxy/admin_fanout.h"
 #include "proxy/leg.h"
@@ -72,12 +71,10 @@ Result<std::unique_ptr<Proxy>> Proxy::start(ProxyConfig config) {
   const size_t threads = cfg.max_connections;
   proxy->server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   proxy->server_.set_tcp_nodelay(true);
-  // httplib's default sets SO_REUSEPORT, which lets a second process bind the
-  // same port and take half of the connections; a port in use must be refused.
-  proxy->server_.set_socket_options([](socket_t sock) {
-    const int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
+  // SO_REUSEADDR without httplib's SO_REUSEPORT (a port in use must be refused), and a
+  // backlog for bursts of clients (common/listen_backlog.h).
+  ListenBacklog backlog;
+  proxy->server_.set_socket_options(backlog.socket_options());
   bool bound = false;
   if (cfg.port == 0) {
     proxy->port_ = proxy->server_.bind_to_any_port(cfg.host);
@@ -89,6 +86,7 @@ Result<std::unique_ptr<Proxy>> Proxy::start(ProxyConfig config) {
   if (!bound)
     return io_error("cannot listen on " + cfg.host + ":" + std::to_string(cfg.port) +
                     " (address in use, or not an address of this machine)");
+  SIESTA_TRY(backlog.raise());
   proxy->health_.check_all();
   proxy->health_.start();
   proxy->listener_ = std::thread([raw = proxy.get()] { raw->server_.listen_after_bind(); });

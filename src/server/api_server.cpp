@@ -2,6 +2,7 @@
 
 #include <ctime>
 
+#include "common/listen_backlog.h"
 #include "common/log.h"
 #include "server/admin_handlers.h"
 #include "server/generation_handler.h"
@@ -42,6 +43,7 @@ ApiError error_for_status(const httplib::Request& req, int status, size_t max_bo
 
 struct ApiServer::Http {
   httplib::Server server;
+  ListenBacklog backlog;
   int port = -1;
 };
 
@@ -57,6 +59,9 @@ ApiServer::ApiServer(Engine& engine, ServerOptions options)
   s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   s.set_payload_max_length(ctx.options.max_request_body_bytes);
   s.set_tcp_nodelay(true);
+  // SO_REUSEADDR without httplib's SO_REUSEPORT (a port in use must be refused), and a
+  // backlog for bursts of clients (common/listen_backlog.h).
+  s.set_socket_options(http_->backlog.socket_options());
 
   s.set_pre_routing_handler([&ctx](const httplib::Request& req, httplib::Response& res) {
     // /kv_transfer_info is read by peer engines, which hold no API key; it
@@ -136,6 +141,7 @@ Result<int> ApiServer::bind() {
   if (http_->port <= 0)
     return io_error("cannot listen on " + o.host + ":" + std::to_string(o.port) +
                     " (address in use, or not an address of this host); choose another --host or --port");
+  SIESTA_TRY(http_->backlog.raise());
   return http_->port;
 }
 
