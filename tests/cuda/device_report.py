@@ -22,12 +22,17 @@ for line in open(status_file):
     steps.append({"step": name, "exit": int(rc), "seconds": int(secs)})
 summary = {"steps": steps, "hf_tiny": load("hf_tiny.json"), "hf_0.6b": load("hf_0.6b.json"),
            "bench": load("cuda_qwen3_0.6b.json")}
+# Models named with --hf-model: hf_<dir name>.json.
+extra = sorted(f[3:-5] for f in os.listdir(out) if f.startswith("hf_") and f.endswith(".json")
+               and f not in ("hf_tiny.json", "hf_0.6b.json", "hf_baseline.json"))
+for name in extra:
+    summary["hf_" + name] = load(f"hf_{name}.json")
 json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
 
 rows = []
 for s in steps:
     rows.append((f"step {s['step']}", "PASS" if s["exit"] == 0 else f"FAIL (exit {s['exit']})", f"{s['seconds']} s"))
-for key, label in (("hf_tiny", "tiny"), ("hf_0.6b", "0.6B")):
+for key, label in [("hf_tiny", "tiny"), ("hf_0.6b", "0.6B")] + [("hf_" + n, n) for n in extra]:
     r = summary[key] or {}
     if "logits" in r:
         rows.append((f"{label}: max rel err vs HF fp32 / bf16", f"{r['logits']['max_rel_err_vs_hf_fp32']:.2e}",

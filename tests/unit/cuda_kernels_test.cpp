@@ -279,8 +279,10 @@ std::vector<float> matmul_ref(const std::vector<float>& a, const std::vector<flo
 }
 
 TEST_F(CudaKernels, GemvWithEachPrologueAndEpilogue) {
-  const int N = 1000, K = 1024;
-  auto w = random_bf16(static_cast<size_t>(N) * K, rng, 0.05f);
+  // Output widths that take one, two and three rows per warp, and two rows per
+  // warp in several waves (on 132 SMs: up to 2112, 4224, 6336 rows in one wave).
+  const int max_n = 7000, K = 1024;
+  auto w = random_bf16(static_cast<size_t>(max_n) * K, rng, 0.05f);
   auto nw = random_bf16(K, rng, 0.1f, 1.0f);
   Bf16Array d_w(w.size()), d_nw(K);
   d_w.upload(w);
@@ -303,27 +305,43 @@ TEST_F(CudaKernels, GemvWithEachPrologueAndEpilogue) {
           if (in == GemvInput::kSiluMul) a[m * K + k] = rb(rb(v / (1.0f + std::exp(-v))) * xf[m * in_cols + K + k]);
         }
       }
-      const auto want = matmul_ref(a, wf, M, N, K);
+      const auto want_all = matmul_ref(a, wf, M, max_n, K);
       Bf16Array d_x(x.size());
       d_x.upload(x);
-      // f32 out
-      DeviceArray<float> d_f(static_cast<size_t>(M) * N);
-      GemvArgs g{B(d_x), B(d_nw), 1e-6f, B(d_w), M, N, K, in, GemvOutput::kLogits, d_f.get()};
-      CUDA_OK(launch_gemv(g, nullptr));
-      // residual add
-      auto res = random_bf16(static_cast<size_t>(M) * N, rng);
-      Bf16Array d_res(res.size());
-      d_res.upload(res);
-      g.output_kind = GemvOutput::kAddBf16;
-      g.out = d_res.get();
-      CUDA_OK(launch_gemv(g, nullptr));
-      CUDA_OK(cudaDeviceSynchronize());
-      // Logits output: bf16-rounded values in fp32.
-      EXPECT_LT(rel_err(d_f.download(), want), 5e-3) << "M " << M << " input " << static_cast<int>(in);
-      const auto resf = to_f32(res), got = to_f32(d_res.download());
-      std::vector<float> want_res(resf.size());
-      for (size_t i = 0; i < want_res.size(); ++i) want_res[i] = rb(resf[i] + rb(want[i]));
-      EXPECT_LT(rel_err(got, want_res), 1e-2) << "M " << M << " input " << static_cast<int>(in);
+      auto res = random_bf16(static_cast<size_t>(M) * max_n, rng);
+      std::vector<float> first;  // the N = 1000 logits: every other width must give the same bits
+      for (int N : {1000, 3000, 4500, 7000}) {
+        const std::string what = "M " + std::to_string(M) + " input " + std::to_string(static_cast<int>(in)) +
+                                 " N " + std::to_string(N);
+        std::vector<float> want(static_cast<size_t>(M) * N);
+        for (int m = 0; m < M; ++m)
+          std::copy_n(want_all.begin() + static_cast<size_t>(m) * max_n, N, want.begin() + static_cast<size_t>(m) * N);
+        // f32 out
+        DeviceArray<float> d_f(static_cast<size_t>(M) * N);
+        GemvArgs g{B(d_x), B(d_nw), 1e-6f, B(d_w), M, N, K, in, GemvOutput::kLogits, d_f.get()};
+        CUDA_OK(launch_gemv(g, nullptr));
+        // residual add
+        Bf16Array d_res(static_cast<size_t>(M) * N);
+        const std::vector<uint16_t> res_n(res.begin(), res.begin() + static_cast<size_t>(M) * N);
+        d_res.upload(res_n);
+        g.output_kind = GemvOutput::kAddBf16;
+        g.out = d_res.get();
+        CUDA_OK(launch_gemv(g, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        // Logits output: bf16-rounded values in fp32.
+        const auto got_f = d_f.download();
+        EXPECT_LT(rel_err(got_f, want), 5e-3) << what;
+        const auto resf = to_f32(res_n), got = to_f32(d_res.download());
+        std::vector<float> want_res(resf.size());
+        for (size_t i = 0; i < want_res.size(); ++i) want_res[i] = rb(resf[i] + rb(want[i]));
+        EXPECT_LT(rel_err(got, want_res), 1e-2) << what;
+        // A row's value does not depend on how many rows each warp takes.
+        std::vector<float> head;
+        for (int m = 0; m < M; ++m)
+          head.insert(head.end(), got_f.begin() + static_cast<size_t>(m) * N, got_f.begin() + static_cast<size_t>(m) * N + 1000);
+        if (first.empty()) first = head;
+        EXPECT_EQ(head, first) << what;
+      }
     }
   }
 }
@@ -398,7 +416,9 @@ std::vector<float> attend_ref(const AttnFixture& f, const std::vector<int32_t>& 
 
 TEST_F(CudaKernels, DecodeAttentionSplitsLongContextsAndMatchesReference) {
   for (int partition : {64, 128, 256})
-  for (auto [heads, kvh, hd] : {std::tuple{16, 8, 128}, std::tuple{4, 2, 64}, std::tuple{32, 8, 128}}) {
+  // Group sizes 2, 4, 5 (Qwen3-14B) and 3.
+  for (auto [heads, kvh, hd] : {std::tuple{16, 8, 128}, std::tuple{4, 2, 64}, std::tuple{32, 8, 128},
+                                std::tuple{40, 8, 128}, std::tuple{6, 2, 64}}) {
     AttnFixture f{heads, kvh, hd};
     f.blocks = 200;
     const std::vector<int> lens = {1, 17, 256, 257, 1000, 3000, 0};  // 0: padding row
@@ -459,7 +479,20 @@ TEST_F(CudaKernels, DecodeAttentionSplitsLongContextsAndMatchesReference) {
     a.partition_tokens = partition;
     CUDA_OK(launch_decode_attention(a, S, parts, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
-    const auto out = to_f32(d_out.download());
+    const auto out_bits = d_out.download();
+    const auto out = to_f32(out_bits);
+    // The partitions combined by their last CTA instead of the reduction kernel:
+    // the same bits, twice in a row (the counters return to zero).
+    DeviceArray<uint32_t> d_done(static_cast<size_t>(S) * kvh);
+    CUDA_OK(cudaMemset(d_done.get(), 0, static_cast<size_t>(S) * kvh * sizeof(uint32_t)));
+    a.partition_done = d_done.get();
+    for (int run = 0; run < 2; ++run) {
+      CUDA_OK(cudaMemset(d_out.get(), 0xff, static_cast<size_t>(S) * heads * hd * 2));
+      CUDA_OK(launch_decode_attention(a, S, parts, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      EXPECT_EQ(d_out.download(), out_bits) << heads << "/" << kvh << ", partitions of " << partition << ", run " << run;
+    }
+    EXPECT_EQ(d_done.download(), std::vector<uint32_t>(static_cast<size_t>(S) * kvh, 0u));
     double worst = 0;
     for (int s = 0; s < S; ++s)
       for (int h = 0; h < heads; ++h) {
@@ -648,9 +681,9 @@ TEST_F(CudaKernels, PrefillAttentionIsCausalMatchesReferenceAndIgnoresChunking) 
 }
 
 TEST_F(CudaKernels, PrefillAttentionRaggedBatchMatchesReferenceAndEachSequenceAlone) {
-  // Group sizes 2, 8 and 1 (one query head per CTA), head_dim 128 and 64.
+  // Group sizes 2, 8, 1 and 5 (the odd ones: one query head per CTA), head_dim 128 and 64.
   for (auto [heads, kvh, hd] : {std::tuple{16, 8, 128}, std::tuple{32, 4, 64}, std::tuple{8, 8, 128},
-                                std::tuple{4, 2, 64}}) {
+                                std::tuple{4, 2, 64}, std::tuple{40, 8, 128}}) {
     AttnFixture f{heads, kvh, hd};
     f.blocks = 40;
     const int total = 300;

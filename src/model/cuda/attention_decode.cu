@@ -1,8 +1,8 @@
 // Decode attention: one query token per sequence over its paged KV cache.
 // One CTA per (kv head, partition, sequence) runs dev::decode_attention_item
-// (attention_decode.cuh); sequences longer than one partition are combined by
-// a second kernel in partition order. In pure decode passes the kernel also
-// does q/k norm + RoPE and the KV write.
+// (attention_decode.cuh); sequences longer than one partition are combined in
+// partition order by the last of their CTAs to finish, or by a second kernel.
+// In pure decode passes the kernel also does q/k norm + RoPE and the KV write.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -15,12 +15,33 @@
 namespace siesta::cuda {
 namespace {
 
+// Whether the kernel copies its partition's cached K/V rows to shared memory
+// before waiting for the previous kernel: short partitions, where they fit
+// beside the other shared memory in the 48 KB of a static allocation.
 template <int kHeadDim, int kGroup, int kP>
-__global__ __launch_bounds__(dev::kDecodeThreads) void decode_attention_kernel(AttentionArgs a) {
-  dev::begin_dependent_kernel();
+constexpr bool kStageKv = kP == 64 && sizeof(dev::DecodeAttentionSmem<kHeadDim, kGroup, kP>) + kGroup * kHeadDim * 2 +
+                                          2 * kP * (kHeadDim + dev::kKvRowPad) * 2 <= 48 * 1024;
+
+template <int kHeadDim, int kGroup, int kP>
+__global__ __launch_bounds__(dev::kDecodeThreads, 4) void decode_attention_kernel(AttentionArgs a) {
+  constexpr bool kStage = kStageKv<kHeadDim, kGroup, kP>;
+  constexpr int kStride = kHeadDim + dev::kKvRowPad;
   __shared__ dev::DecodeAttentionSmem<kHeadDim, kGroup, kP> sm;
   __shared__ __align__(16) bf16 q_normed[kGroup * kHeadDim];
+  __shared__ __align__(16) bf16 kv_s[kStage ? 2 * kP * kStride : 8];
   const int dslot = blockIdx.z, kvh = blockIdx.x, part = blockIdx.y;
+  dev::allow_next_kernel();
+  // The cached rows of this partition (every position but the step's new one)
+  // were written by earlier steps, and the step metadata before the pass's
+  // first kernel: their copy overlaps the previous kernel's tail.
+  int staged = 0;
+  if constexpr (kStage) {
+    const int len = a.seq_kv_len[a.decode_seqs[dslot]];
+    staged = max(0, min(len - 1, (part + 1) * kP) - part * kP);
+    dev::stage_kv_rows<kHeadDim>(dev::cache_rows(a, dslot, kvh), part * kP, staged, kv_s, kv_s + kP * kStride,
+                                 dev::kDecodeThreads);
+  }
+  dev::wait_for_previous_kernel();
   const int seq = a.decode_seqs[dslot];
   const int row = a.seq_q_start[seq];
   const bf16* q_group = a.q + (static_cast<size_t>(row) * a.num_heads + kvh * kGroup) * kHeadDim;
@@ -50,12 +71,44 @@ __global__ __launch_bounds__(dev::kDecodeThreads) void decode_attention_kernel(A
           for (int c = lane; c < kHeadDim / 8; c += 32) dst[c] = src[c];
         }
       }
-      __syncthreads();  // also makes the K/V row visible to this CTA's reads below
     }
     q_group = q_normed;
   }
-  dev::decode_attention_item<kHeadDim, kGroup, kP>(a, dslot, kvh, part, q_group, dev::cache_rows(a, dslot, kvh), sm,
-                                                   [] { __syncthreads(); });
+  int nparts = 0;
+  if constexpr (kStage) {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();  // the staged rows, and the new K/V row written above, for every thread
+    const dev::StagedRows rows{dev::cache_rows(a, dslot, kvh), kv_s, kv_s + kP * kStride, part * kP, staged, kStride};
+    nparts = dev::decode_attention_item<kHeadDim, kGroup, kP>(a, dslot, kvh, part, q_group, rows, sm,
+                                                              [] { __syncthreads(); });
+  } else {
+    __syncthreads();  // the new K/V row written above, for every thread
+    nparts = dev::decode_attention_item<kHeadDim, kGroup, kP>(a, dslot, kvh, part, q_group,
+                                                              dev::cache_rows(a, dslot, kvh), sm,
+                                                              [] { __syncthreads(); });
+  }
+  if (a.partition_done == nullptr || nparts <= 1 || part >= nparts) return;
+  // The last CTA of (sequence, kv head) to finish combines the partitions. The
+  // count's release publishes this CTA's partial outputs (written before the
+  // barrier), its acquire makes the others' visible; reduce_partitions reads
+  // them through L2.
+  __shared__ bool last;
+  __syncthreads();
+  uint32_t* done = a.partition_done + dslot * a.num_kv_heads + kvh;
+  if (threadIdx.x == 0) {
+    uint32_t before = 0;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(done) : "memory");
+    last = before == static_cast<uint32_t>(nparts - 1);
+  }
+  __syncthreads();
+  if (!last) return;
+  bf16* out_row = a.out + static_cast<size_t>(row) * a.num_heads * kHeadDim;
+  for (int i = threadIdx.x; i < kGroup * kHeadDim; i += dev::kDecodeThreads) {
+    const int g = i / kHeadDim, d = i % kHeadDim;
+    out_row[(kvh * kGroup + g) * kHeadDim + d] =
+        __float2bfloat16(dev::reduce_partitions<kHeadDim>(a, dslot, kvh * kGroup + g, nparts, d));
+  }
+  if (threadIdx.x == 0) *done = 0;  // for the next layer (the kernel's end orders it before)
 }
 
 // Combines the partitions of each (sequence, head) in partition order.
@@ -75,7 +128,7 @@ template <int kHeadDim, int kGroup, int kP>
 cudaError_t launch_with(const AttentionArgs& a, int num_decode, int max_partitions, const LaunchConfig& launch) {
   const dim3 grid(a.num_kv_heads, max_partitions, num_decode);
   const cudaError_t err = launch_kernel(decode_attention_kernel<kHeadDim, kGroup, kP>, grid, dev::kDecodeThreads, 0, launch, a);
-  if (err != cudaSuccess || max_partitions <= 1) return err;
+  if (err != cudaSuccess || max_partitions <= 1 || a.partition_done != nullptr) return err;
   return launch_kernel(decode_reduce_kernel<kHeadDim, kP>, dim3(a.num_heads, num_decode), kHeadDim, 0, launch, a);
 }
 
@@ -94,7 +147,11 @@ cudaError_t launch_for_head_dim(const AttentionArgs& a, int num_decode, int max_
   switch (a.num_heads / a.num_kv_heads) {
     case 1: return launch_for<kHeadDim, 1>(a, num_decode, max_partitions, launch);
     case 2: return launch_for<kHeadDim, 2>(a, num_decode, max_partitions, launch);
+    case 3: return launch_for<kHeadDim, 3>(a, num_decode, max_partitions, launch);
     case 4: return launch_for<kHeadDim, 4>(a, num_decode, max_partitions, launch);
+    case 5: return launch_for<kHeadDim, 5>(a, num_decode, max_partitions, launch);
+    case 6: return launch_for<kHeadDim, 6>(a, num_decode, max_partitions, launch);
+    case 7: return launch_for<kHeadDim, 7>(a, num_decode, max_partitions, launch);
     case 8: return launch_for<kHeadDim, 8>(a, num_decode, max_partitions, launch);
     default: return cudaErrorInvalidValue;
   }
@@ -106,8 +163,8 @@ bool decode_partition_supported(int tokens) { return tokens == 64 || tokens == 1
 
 bool attention_supported(int num_heads, int num_kv_heads, int head_dim) {
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return false;
-  const int group = num_heads / num_kv_heads;
-  return (head_dim == 64 || head_dim == 128) && (group == 1 || group == 2 || group == 4 || group == 8);
+  const int group = num_heads / num_kv_heads;  // Qwen3-14B: 5; Qwen3-32B: 8
+  return (head_dim == 64 || head_dim == 128) && group >= 1 && group <= kMaxGqaGroup;
 }
 
 cudaError_t launch_decode_attention(const AttentionArgs& args, int num_decode, int max_partitions,

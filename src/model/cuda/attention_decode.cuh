@@ -32,6 +32,38 @@ __device__ inline CacheRows cache_rows(const AttentionArgs& a, int dslot, int kv
   return {a.kv, a.block_tables + a.seq_table_start[a.decode_seqs[dslot]], a.layer, kvh};
 }
 
+// The same rows with those of positions [p0, p0 + n_s) copied to shared memory
+// (rows of `stride` bf16: head_dim + kKvRowPad); the rest read from the cache.
+inline constexpr int kKvRowPad = 8;  // bf16 after each row: lane-per-token reads without bank conflicts
+struct StagedRows {
+  static constexpr int kKBatch = 4;  // mostly shared memory: fewer registers, less code
+  static constexpr int kVBatch = 2;
+  CacheRows cache;
+  const bf16* k_s;
+  const bf16* v_s;
+  int p0, n_s, stride;
+  __device__ bool staged(int t) const { return static_cast<unsigned>(t - p0) < static_cast<unsigned>(n_s); }
+  __device__ const bf16* k(int t) const { return staged(t) ? k_s + (t - p0) * stride : cache.k(t); }
+  __device__ const bf16* v(int t) const { return staged(t) ? v_s + (t - p0) * stride : cache.v(t); }
+};
+
+// Starts copying rows [p0, p0 + n) of `rows` to k_s / v_s (StagedRows' layout)
+// with cp.async, threads 0 .. threads-1; one commit group.
+template <int kHeadDim>
+__device__ __forceinline__ void stage_kv_rows(const CacheRows& rows, int p0, int n, bf16* k_s, bf16* v_s,
+                                              int threads) {
+  constexpr int kRowChunks = kHeadDim / 8;
+  for (int i = threadIdx.x; i < 2 * n * kRowChunks; i += threads) {
+    const int kind = i / (n * kRowChunks), j = (i / kRowChunks) % n, c = i % kRowChunks;
+    const bf16* src = (kind == 0 ? rows.k(p0 + j) : rows.v(p0 + j)) + c * 8;
+    bf16* dst = (kind == 0 ? k_s : v_s) + j * (kHeadDim + kKvRowPad) + c * 8;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+                 "l"(src)
+                 : "memory");
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
 template <int kHeadDim, int kGroup, int kP>
 struct DecodeAttentionSmem {
   __align__(16) float q[kGroup][kHeadDim];

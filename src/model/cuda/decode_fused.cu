@@ -47,7 +47,7 @@ constexpr int kMaxSlots = 16;   // weight slots in shared memory
 constexpr int kBarBytes = 2 * kMaxSlots * 8;  // their full / empty mbarriers, first in dynamic shared memory
 constexpr int kPhases = 4;      // QKV, O, gate/up, down
 constexpr int kSyncCounters = 32;  // sync[kSyncCounters + dslot * kv_heads + kv head]
-constexpr int kRowPad = 8;  // bf16 after each K/V row in shared memory (lane-per-token reads without bank conflicts)
+constexpr int kRowPad = dev::kKvRowPad;  // bf16 after each K/V row in shared memory
 
 using dev::round_bf16;
 
@@ -445,21 +445,6 @@ __device__ Item item_of(const AttentionArgs& a, int item) {
 
 // K/V rows for decode_attention_item: a shared-memory copy of the item's
 // partition (prefetched; the new token written there too), or the cache.
-struct FusedRows {
-  static constexpr int kKBatch = 4;  // K and V mostly from shared memory: fewer registers, less code
-  static constexpr int kVBatch = 2;
-  dev::CacheRows cache;
-  const bf16* k_s;  // null: read the cache
-  const bf16* v_s;
-  int p0, stride;  // stride: head_dim + kRowPad
-  __device__ const bf16* k(int t) const { return k_s ? k_s + (t - p0) * stride : cache.k(t); }
-  __device__ const bf16* v(int t) const { return v_s ? v_s + (t - p0) * stride : cache.v(t); }
-};
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-}
-
 // Starts copying the cached K and V rows of the item's partition (all but the
 // new token, which this step writes) into k_s / v_s. Nothing of this step
 // writes them, so the copy can overlap the stages before attention.
@@ -470,14 +455,7 @@ __device__ __noinline__ void prefetch_kv(const AttentionArgs& a, const Item& it,
   const int n = max(0, min(len - 1, p0 + kP) - p0);
   dev::CacheRows rows = dev::cache_rows(a, it.dslot, it.kvh);
   rows.layer = layer;
-  constexpr int kRowChunks = kHeadDim / 8;
-  for (int i = threadIdx.x; i < 2 * n * kRowChunks; i += kThreads) {
-    const int kind = i / (n * kRowChunks), j = (i / kRowChunks) % n, c = i % kRowChunks;
-    const bf16* src = (kind == 0 ? rows.k(p0 + j) : rows.v(p0 + j)) + c * 8;
-    bf16* dst = (kind == 0 ? k_s : v_s) + j * (kHeadDim + kRowPad) + c * 8;
-    cp_async16(dst, src);
-  }
-  asm volatile("cp.async.commit_group;" ::: "memory");
+  dev::stage_kv_rows<kHeadDim>(rows, p0, n, k_s, v_s, kThreads);
 }
 
 // ---- the kernel ----
@@ -638,7 +616,8 @@ __global__ __launch_bounds__(kBlockThreads, 1) void fused_decode_kernel(const __
       if (threadIdx.x < dev::kDecodeThreads) {
         dev::CacheRows cache = dev::cache_rows(a, it.dslot, it.kvh);
         cache.layer = l;
-        const FusedRows rows{cache, first ? k_s : nullptr, first ? v_s : nullptr, p0, kHeadDim + kRowPad};
+        // The first item's whole partition is in shared memory (the new token written there too).
+        const dev::StagedRows rows{cache, k_s, v_s, p0, first ? kP : 0, kHeadDim + kRowPad};
         dev::decode_attention_item<kHeadDim, kGroup, kP>(a, it.dslot, it.kvh, it.part, q_s, rows, att, [] {
           asm volatile("bar.sync 1, %0;" ::"n"(dev::kDecodeThreads) : "memory");
         });

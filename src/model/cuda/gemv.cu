@@ -24,6 +24,8 @@ template <int C>
 constexpr int unroll_for() {
   return C == 1 ? 12 : 4;
 }
+// CTAs of the largest-C kernel that fit on an SM at once (128 registers per thread).
+constexpr int kCtasPerSm = 2;
 constexpr size_t kMaxSmem = 96 * 1024;
 
 using dev::load8;
@@ -176,10 +178,25 @@ cudaError_t launch_mc(const GemvArgs& a, const LaunchConfig& launch) {
   return launch_kernel(gemv_kernel<M, C>, (a.N + cols_per_cta - 1) / cols_per_cta, kThreads, smem, launch, a);
 }
 
+int sm_count() {
+  static int counts[64] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 132;
+  if (counts[device] == 0 && cudaDeviceGetAttribute(&counts[device], cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return 132;
+  return counts[device];
+}
+
 template <int M>
 cudaError_t launch_m(const GemvArgs& a, const LaunchConfig& launch) {
-  // Two columns per warp when that still gives every SM two CTAs (132 SMs).
-  return a.N >= 2 * 132 * kWarps * 2 ? launch_mc<M, 2>(a, launch) : launch_mc<M, 1>(a, launch);
+  // Columns per warp: as few as keep every CTA resident at once (one wave), so
+  // that every weight load of the kernel can go out before it waits for the
+  // previous one; a second wave would start its loads only after the first.
+  // Beyond three (the LM head) the kernel runs in waves of two columns per warp.
+  const int slots = kCtasPerSm * sm_count() * kWarps;
+  if (a.N <= slots) return launch_mc<M, 1>(a, launch);
+  if (a.N <= 2 * slots || a.N > 3 * slots) return launch_mc<M, 2>(a, launch);
+  return launch_mc<M, 3>(a, launch);
 }
 
 }  // namespace

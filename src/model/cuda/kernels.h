@@ -107,6 +107,10 @@ struct AttentionArgs {
   float* partial_ml = nullptr;
   int partial_parts = 0;
   int partition_tokens = kDecodePartitionTokens;  // decode_partition_supported
+  // Optional: num_decode * num_kv_heads counters, zero at launch (the step image's sync words).
+  // With them the last CTA of a (sequence, kv head) to finish combines its partitions and
+  // returns the counter to zero, in place of the reduction kernel (one launch fewer, same bits).
+  uint32_t* partition_done = nullptr;
   // Decode of a pure decode pass: with qkv set, each decode attention CTA applies
   // q/k norm + RoPE to its query heads itself (q above is not read), and the CTA
   // of a sequence's last partition writes the new token's K and V to the cache
@@ -129,12 +133,15 @@ struct AttentionArgs {
   int prefill_warp_rows = 32;
 };
 
-// True when head_dim and the GQA group size have compiled kernels (64 or 128; 1, 2, 4 or 8).
+// Query heads per kv head that the attention kernels are compiled for: 1 to 8 (Qwen3 uses 2, 4, 5, 8).
+inline constexpr int kMaxGqaGroup = 8;
+// True when head_dim and the GQA group size have compiled kernels (64 or 128; 1 to kMaxGqaGroup).
 bool attention_supported(int num_heads, int num_kv_heads, int head_dim);
 
 // Decode attention for num_decode sequences, each split into up to
 // max_partitions partitions of args.partition_tokens (max_partitions <=
-// partial_parts); sequences that need more than one are reduced in a second kernel.
+// partial_parts); sequences that need more than one are combined by the last of
+// their CTAs (args.partition_done set) or else in a second kernel.
 cudaError_t launch_decode_attention(const AttentionArgs& args, int num_decode, int max_partitions,
                                     LaunchConfig launch);
 

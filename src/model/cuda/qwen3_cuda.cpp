@@ -28,6 +28,8 @@ static_assert(cuda::kMaxBannedIdsPerRow == cuda::kMaxBannedPerRow);
 static_assert(cuda::kKvBlockSizeForPlan == cuda::kKvBlockSize);
 static_assert(cuda::kSampleOnHostToken == cuda::kSampleOnHost);
 static_assert(cuda::kStepSyncWords == cuda::kFusedDecodeSyncWords);
+// Where the decode attention kernel's partition counters start in the sync words.
+constexpr size_t kPartitionSyncOffset = 32;
 
 namespace {
 
@@ -519,6 +521,10 @@ cuda::AttentionArgs CudaQwen3::Impl::attention_args(const PassDevice& p) const {
   aa.partial_ml = partial_ml;
   aa.partial_parts = p.partial_parts;
   aa.partition_tokens = p.partition_tokens;
+  // Decode partitions combined by their last CTA, on counters in the step image's
+  // sync words (zeroed by every upload; the fused kernel's first words left alone).
+  if (static_cast<size_t>(p.D) * cfg.num_kv_heads <= cuda::kStepSyncWords - kPartitionSyncOffset)
+    aa.partition_done = p.sync + kPartitionSyncOffset;
   aa.prefill_items = p.prefill_items;
   aa.prefill_heads_per_cta = opt.prefill_heads_per_cta;
   aa.prefill_warp_rows = prefill_warp_rows(p.W);
@@ -852,7 +858,8 @@ Result<std::unique_ptr<CudaQwen3>> CudaQwen3::create(const ModelConfig& cfg, con
   if (!cuda::attention_supported(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
     return invalid_argument("CUDA model: head_dim " + std::to_string(cfg.head_dim) + " with " +
                             std::to_string(cfg.num_heads) + " query / " + std::to_string(cfg.num_kv_heads) +
-                            " kv heads has no attention kernel (head_dim 64 or 128, group 1, 2, 4 or 8)");
+                            " kv heads has no attention kernel (head_dim 64 or 128, 1 to " +
+                            std::to_string(cuda::kMaxGqaGroup) + " query heads per kv head)");
   const int H = cfg.hidden_size, I = cfg.intermediate_size;
   if (H % 32 != 0 || I % 32 != 0 || cfg.q_dim() % 32 != 0 || H > 8192)
     return invalid_argument("CUDA model: hidden_size, intermediate_size and q_dim must be multiples of 32 "

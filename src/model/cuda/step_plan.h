@@ -93,7 +93,7 @@ struct StepLayout {
   size_t decode_seqs = 0, prefill_items = 0, logits_rows = 0;
   size_t sampling = 0;  // SamplingRecord[rows] when sampling
   size_t banned = 0;    // int32[rows * kMaxBannedPerRow] when sampling
-  size_t sync = 0;  // kStepSyncWords zeroed int32: counters for the fused decode kernel
+  size_t sync = 0;  // kStepSyncWords zeroed int32: counters (fused decode kernel; decode attention partitions)
   size_t block_tables = 0;
   size_t end = 0;  // bytes used
   bool has_sampling = false;
