@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -29,6 +31,21 @@ namespace {
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr << ": " << cudaGetErrorString(cudaGetLastError())
 
 float rb(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+// The largest argmax key of a row (device_util.cuh: argmax_key), on the host.
+uint64_t first_max_key(const float* row, int n) {
+  uint64_t best = 0;
+  for (int i = 0; i < n; ++i) {
+    float v = row[i];
+    if (std::isnan(v)) v = -std::numeric_limits<float>::infinity();
+    else if (v == std::numeric_limits<float>::infinity()) v = std::numeric_limits<float>::max();
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    const uint32_t ok = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    best = std::max(best, (static_cast<uint64_t>(ok) << 32) | (0xffffffffu - static_cast<uint32_t>(i)));
+  }
+  return best;
+}
 
 // A device array with host mirror helpers; poisoned (0xFF bytes = NaN) on creation.
 template <class T>
@@ -316,10 +333,13 @@ TEST_F(CudaKernels, GemvWithEachPrologueAndEpilogue) {
         std::vector<float> want(static_cast<size_t>(M) * N);
         for (int m = 0; m < M; ++m)
           std::copy_n(want_all.begin() + static_cast<size_t>(m) * max_n, N, want.begin() + static_cast<size_t>(m) * N);
-        // f32 out
+        // f32 out, with each row's first maximum as a key
         DeviceArray<float> d_f(static_cast<size_t>(M) * N);
-        GemvArgs g{B(d_x), B(d_nw), 1e-6f, B(d_w), M, N, K, in, GemvOutput::kLogits, d_f.get()};
+        DeviceArray<unsigned long long> d_keys(M);
+        CUDA_OK(cudaMemset(d_keys.get(), 0, M * sizeof(unsigned long long)));
+        GemvArgs g{B(d_x), B(d_nw), 1e-6f, B(d_w), M, N, K, in, GemvOutput::kLogits, d_f.get(), d_keys.get()};
         CUDA_OK(launch_gemv(g, nullptr));
+        g.argmax = nullptr;
         // residual add
         Bf16Array d_res(static_cast<size_t>(M) * N);
         const std::vector<uint16_t> res_n(res.begin(), res.begin() + static_cast<size_t>(M) * N);
@@ -331,6 +351,9 @@ TEST_F(CudaKernels, GemvWithEachPrologueAndEpilogue) {
         // Logits output: bf16-rounded values in fp32.
         const auto got_f = d_f.download();
         EXPECT_LT(rel_err(got_f, want), 5e-3) << what;
+        const auto keys = d_keys.download();
+        for (int m = 0; m < M; ++m)
+          EXPECT_EQ(keys[m], first_max_key(got_f.data() + static_cast<size_t>(m) * N, N)) << what << " row " << m;
         const auto resf = to_f32(res_n), got = to_f32(d_res.download());
         std::vector<float> want_res(resf.size());
         for (size_t i = 0; i < want_res.size(); ++i) want_res[i] = rb(resf[i] + rb(want[i]));
@@ -344,6 +367,31 @@ TEST_F(CudaKernels, GemvWithEachPrologueAndEpilogue) {
       }
     }
   }
+}
+
+TEST_F(CudaKernels, GemvArgmaxKeysTakeTheFirstMaximum) {
+  // Rows 2500, 100 and 4000 of the weights equal the input: the largest logits,
+  // equal; in different warps and CTAs. The key must name row 100.
+  const int N = 4500, K = 1024;
+  auto w = random_bf16(static_cast<size_t>(N) * K, rng, 0.01f);
+  const auto x = random_bf16(K, rng);
+  for (int r : {2500, 100, 4000}) std::copy(x.begin(), x.end(), w.begin() + static_cast<size_t>(r) * K);
+  Bf16Array d_w(w.size()), d_x(K);
+  d_w.upload(w);
+  d_x.upload(x);
+  DeviceArray<float> d_f(N);
+  DeviceArray<unsigned long long> d_keys(1);
+  CUDA_OK(cudaMemset(d_keys.get(), 0, sizeof(unsigned long long)));
+  GemvArgs g{B(d_x), nullptr, 0.0f, B(d_w), 1, N, K, GemvInput::kPlain, GemvOutput::kLogits, d_f.get(), d_keys.get()};
+  CUDA_OK(launch_gemv(g, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto f = d_f.download();
+  ASSERT_EQ(f[100], f[2500]);
+  ASSERT_EQ(f[100], f[4000]);
+  ASSERT_EQ(*std::max_element(f.begin(), f.end()), f[100]);
+  const uint64_t key = d_keys.download()[0];
+  EXPECT_EQ(0xffffffffu - static_cast<uint32_t>(key), 100u);
+  EXPECT_EQ(key, first_max_key(f.data(), N));
 }
 
 TEST_F(CudaKernels, FixedGemmIsCorrectAndRowsDoNotDependOnM) {
@@ -891,6 +939,23 @@ TEST_F(CudaKernels, SamplingMatchesTheEngineSampler) {
   EXPECT_EQ(tokens[0], 5);
   EXPECT_EQ(tokens[8], static_cast<int32_t>(std::max_element(logits.begin() + 8 * V, logits.begin() + 9 * V) -
                                             (logits.begin() + 8 * V)));
+  // With each row's first maximum given as a key (the LM head GEMV's): the same
+  // tokens (rows with banned ids ignore the key). Row 2 with NaN and +inf, unbanned.
+  logits[2 * V + 11] = std::numeric_limits<float>::quiet_NaN();
+  logits[2 * V + 12] = std::numeric_limits<float>::infinity();
+  d_logits.upload(logits);
+  CUDA_OK(launch_sample_tokens(d_logits.get(), R, V, d_params.get(), d_banned.get(), d_tokens.get(), nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto scanned = d_tokens.download();
+  std::vector<unsigned long long> keys(R);
+  for (int r = 0; r < R; ++r) keys[r] = first_max_key(logits.data() + static_cast<size_t>(r) * V, V);
+  DeviceArray<unsigned long long> d_keys(R);
+  d_keys.upload(keys);
+  CUDA_OK(launch_sample_tokens(d_logits.get(), R, V, d_params.get(), d_banned.get(), d_tokens.get(), nullptr,
+                               d_keys.get()));
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(d_tokens.download(), scanned);
+  EXPECT_EQ(scanned[2], 12);  // +inf counts as the largest float
   // With logits of scale 3 over 152k ids, a 0.9 nucleus may exceed the sorted
   // capacity; those rows are for the host, never a wrong token.
   RecordProperty("host_fallbacks", host_fallbacks);

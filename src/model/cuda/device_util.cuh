@@ -48,6 +48,22 @@ __device__ __forceinline__ void begin_dependent_kernel() {
 
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
+// Larger key = larger float; a strict total order on non-NaN floats.
+__device__ __forceinline__ uint32_t order_key(float v) {
+  const uint32_t u = __float_as_uint(v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float from_order_key(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+// A logit and its id as one word whose maximum is the sampler's first maximum:
+// the larger value (NaN as -inf, +inf as FLT_MAX), ties to the lower id. Never 0.
+__device__ __forceinline__ unsigned long long argmax_key(float v, int id) {
+  if (isnan(v)) v = -INFINITY;
+  else if (v == INFINITY) v = 3.402823466e+38f;
+  return (static_cast<unsigned long long>(order_key(v)) << 32) | (0xffffffffu - static_cast<uint32_t>(id));
+}
+
 // 8 bf16 from a 16-byte aligned address, as floats.
 __device__ __forceinline__ void load8(const bf16* p, float (&f)[8]) {
   const uint4 u = *reinterpret_cast<const uint4*>(p);

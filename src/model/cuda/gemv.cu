@@ -4,9 +4,12 @@
 // weight rows with 16-byte loads (several in flight per lane) against the M
 // input rows staged once per CTA in shared memory. The staging step applies
 // the preceding RMSNorm or SiLU-mul, and the store can add into the residual
-// stream, which saves three launches per layer in decode.
+// stream, which saves three launches per layer in decode. As the LM head it can
+// also leave each row's first maximum for sampling (GemvArgs::argmax), so that
+// greedy sampling does not read the logits again.
 #include <cuda_bf16.h>
 
+#include <atomic>
 #include <cmath>
 
 #include "model/cuda/device_util.cuh"
@@ -86,6 +89,34 @@ __device__ void stage_input(const GemvArgs& a, bf16* s_a) {
 }
 
 template <int M, int C>
+__device__ __forceinline__ void store_rows(const GemvArgs& a, int n0, int lane, float (&acc)[C][M]) {
+  unsigned long long best = 0;  // lane m: the largest argmax key of row m among the warp's columns
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const int n = n0 + c;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float v = dev::warp_sum(acc[c][m]);
+      if (lane == m && n < a.N) {
+        const size_t idx = static_cast<size_t>(m) * a.N + n;
+        if (a.output_kind == GemvOutput::kLogits) {
+          const float logit = round_bf16(v);
+          static_cast<float*>(a.out)[idx] = logit;
+          best = max(best, dev::argmax_key(logit, n));
+        } else if (a.output_kind == GemvOutput::kAddBf16) {
+          bf16* y = static_cast<bf16*>(a.out);
+          y[idx] = __float2bfloat16(__bfloat162float(y[idx]) + round_bf16(v));
+        } else {
+          static_cast<bf16*>(a.out)[idx] = __float2bfloat16(v);
+        }
+      }
+    }
+  }
+  // Most warps find a larger key already there: one L2 read, no atomic.
+  if (a.argmax && lane < M && best > __ldcg(a.argmax + lane)) atomicMax(a.argmax + lane, best);
+}
+
+template <int M, int C>
 __global__ __launch_bounds__(kThreads, 2) void gemv_kernel(GemvArgs a) {
   constexpr int kUnroll = unroll_for<C>();
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -147,44 +178,30 @@ __global__ __launch_bounds__(kThreads, 2) void gemv_kernel(GemvArgs a) {
     }
   }
 
-#pragma unroll
-  for (int c = 0; c < C; ++c) {
-    const int n = n0 + c;
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const float v = dev::warp_sum(acc[c][m]);
-      if (lane == m && n < a.N) {
-        const size_t idx = static_cast<size_t>(m) * a.N + n;
-        if (a.output_kind == GemvOutput::kLogits) {
-          static_cast<float*>(a.out)[idx] = round_bf16(v);
-        } else if (a.output_kind == GemvOutput::kAddBf16) {
-          bf16* y = static_cast<bf16*>(a.out);
-          y[idx] = __float2bfloat16(__bfloat162float(y[idx]) + round_bf16(v));
-        } else {
-          static_cast<bf16*>(a.out)[idx] = __float2bfloat16(v);
-        }
-      }
-    }
-  }
+  store_rows<M, C>(a, n0, lane, acc);
 }
 
 template <int M, int C>
 cudaError_t launch_mc(const GemvArgs& a, const LaunchConfig& launch) {
+  const int cols_per_cta = kWarps * C;
+  const int grid = (a.N + cols_per_cta - 1) / cols_per_cta;
   const size_t smem = static_cast<size_t>(M) * a.K * sizeof(bf16);
   static const cudaError_t attr = cudaFuncSetAttribute(gemv_kernel<M, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                        static_cast<int>(kMaxSmem));
   if (attr != cudaSuccess) return attr;
-  const int cols_per_cta = kWarps * C;
-  return launch_kernel(gemv_kernel<M, C>, (a.N + cols_per_cta - 1) / cols_per_cta, kThreads, smem, launch, a);
+  return launch_kernel(gemv_kernel<M, C>, grid, kThreads, smem, launch, a);
 }
 
 int sm_count() {
-  static int counts[64] = {};
+  static std::atomic<int> counts[64] = {};
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 132;
-  if (counts[device] == 0 && cudaDeviceGetAttribute(&counts[device], cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    return 132;
-  return counts[device];
+  int n = counts[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) return 132;
+    counts[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
 }
 
 template <int M>

@@ -191,6 +191,9 @@ struct GemvArgs {
   GemvInput input_kind = GemvInput::kPlain;
   GemvOutput output_kind = GemvOutput::kBf16;
   void* out = nullptr;
+  // Optional, with kLogits: M words, zero before the launch, that end as each
+  // row's largest dev::argmax_key (its first maximum) for launch_sample_tokens.
+  unsigned long long* argmax = nullptr;
 };
 bool gemv_supported(int M, int K);
 cudaError_t launch_gemv(const GemvArgs& args, LaunchConfig launch);
@@ -281,9 +284,12 @@ struct SamplingRowParams {
   int32_t banned_end = 0;
   int32_t pad = 0;
 };
-// tokens[r] = the choice for logits row r, or kSampleOnHost.
+// tokens[r] = the choice for logits row r, or kSampleOnHost. argmax_keys
+// (optional: the LM head GEMV's GemvArgs::argmax) give rows without banned ids
+// their first maximum without a pass over the row: a greedy row is then done.
 cudaError_t launch_sample_tokens(const float* logits, int rows, int vocab, const SamplingRowParams* params,
-                                 const int32_t* banned_ids, int32_t* tokens, LaunchConfig launch);
+                                 const int32_t* banned_ids, int32_t* tokens, LaunchConfig launch,
+                                 const unsigned long long* argmax_keys = nullptr);
 
 // Fills n bf16 values with a hash of (seed, index) mapped to [-scale, scale):
 // benchmark and test inputs that are neither zeros nor constant.

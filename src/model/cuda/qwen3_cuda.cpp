@@ -28,8 +28,13 @@ static_assert(cuda::kMaxBannedIdsPerRow == cuda::kMaxBannedPerRow);
 static_assert(cuda::kKvBlockSizeForPlan == cuda::kKvBlockSize);
 static_assert(cuda::kSampleOnHostToken == cuda::kSampleOnHost);
 static_assert(cuda::kStepSyncWords == cuda::kFusedDecodeSyncWords);
-// Where the decode attention kernel's partition counters start in the sync words.
+// The step image's sync words (zeroed by every upload): the fused decode kernel's
+// barrier in word 0; the LM head's argmax keys, two words per row, from word 16;
+// the decode attention kernel's partition counters from word 32 (the fused
+// kernel's counters are there too, in the steps it runs instead).
+constexpr size_t kArgmaxSyncOffset = 16;
 constexpr size_t kPartitionSyncOffset = 32;
+static_assert(kArgmaxSyncOffset + 2 * cuda::kGemvMaxRows <= kPartitionSyncOffset);
 
 namespace {
 
@@ -284,6 +289,9 @@ struct CudaQwen3::Impl {
   cuda::AttentionArgs attention_args(const PassDevice& p) const;
   Result<void> enqueue_fused_decode(const PassDevice& p);
   Result<void> enqueue_logits(const PassDevice& p, int r0, int r1);
+  // Set by enqueue_logits: each logits row's first maximum (GemvArgs::argmax) when
+  // its LM head GEMV computed every row, else null.
+  const unsigned long long* logits_argmax = nullptr;
   Result<void> enqueue_step(const PassDevice& p, bool sample);
   Result<void> copy_logits_rows(int device_row, int rows, float* host);
   bool graph_eligible(std::span<const SequenceChunk> batch) const;
@@ -660,19 +668,26 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
 // Logits of rows [r0, r1) of the pass's logits rows into `logits` (row 0 = r0).
 Result<void> CudaQwen3::Impl::enqueue_logits(const PassDevice& p, int r0, int r1) {
   const int rows = r1 - r0, H = hidden(), V = cfg.vocab_size;
+  logits_argmax = nullptr;
   if (rows <= 0) return {};
   if (use_gemv(p.T)) {
+    // Every row's first maximum as well, for sampling (the keys start at zero).
+    unsigned long long* keys = nullptr;
+    if (r0 == 0 && r1 == p.R)
+      keys = reinterpret_cast<unsigned long long*>(p.sync + kArgmaxSyncOffset);
+    logits_argmax = keys;
     // The residual stream x is complete (the down GEMV added into it).
     if (p.rows_are_tokens && r0 == 0 && r1 == p.R) {
       cuda::GemvArgs g{x, final_norm, eps(), lm_head, rows, V, H, cuda::GemvInput::kRmsNorm, cuda::GemvOutput::kLogits,
-                       logits};
+                       logits, keys};
       SIESTA_CUDA_TRY(cuda::launch_gemv(g, launch()), "LM head (GEMV)");
       mark("lm_head_gemv");
       return {};
     }
     SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(x, nullptr, final_norm, rows, H, eps(), p.logits_rows + r0, hn, launch()),
                     "final RMSNorm");
-    cuda::GemvArgs g{hn, nullptr, 0.0f, lm_head, rows, V, H, cuda::GemvInput::kPlain, cuda::GemvOutput::kLogits, logits};
+    cuda::GemvArgs g{hn, nullptr, 0.0f, lm_head, rows, V, H, cuda::GemvInput::kPlain, cuda::GemvOutput::kLogits, logits,
+                     keys};
     return cuda::cuda_result(cuda::launch_gemv(g, launch()), "LM head (GEMV)");
   }
   // The last layer's down projection is still in proj: add it for these rows only.
@@ -691,7 +706,8 @@ Result<void> CudaQwen3::Impl::enqueue_step(const PassDevice& p, bool sample) {
   SIESTA_TRY(enqueue_layers(p));
   SIESTA_TRY(enqueue_logits(p, 0, p.R));
   if (sample) {
-    SIESTA_CUDA_TRY(cuda::launch_sample_tokens(logits, p.R, cfg.vocab_size, p.sampling, p.banned, sampled, launch()),
+    SIESTA_CUDA_TRY(cuda::launch_sample_tokens(logits, p.R, cfg.vocab_size, p.sampling, p.banned, sampled, launch(),
+                                               logits_argmax),
                     "token sampling");
     mark("sampling");
   }
@@ -1049,7 +1065,7 @@ Result<void> CudaQwen3::forward_sample(std::span<const SequenceChunk> batch, con
     if (p.R == 0) continue;
     SIESTA_TRY(m.enqueue_logits(p, 0, p.R));  // R <= max_seqs <= logits_rows_cap
     SIESTA_CUDA_TRY(cuda::launch_sample_tokens(m.logits, p.R, m.cfg.vocab_size, p.sampling, p.banned, m.sampled,
-                                               m.launch()),
+                                               m.launch(), m.logits_argmax),
                     "token sampling");
     m.mark("sampling");
     SIESTA_CUDA_TRY(cudaMemcpyAsync(m.host_sampled, m.sampled, p.R * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),

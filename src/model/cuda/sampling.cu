@@ -7,6 +7,8 @@
 // inverted through the cumulative mass in fp64 — in sorted order when top-k
 // or top-p is on (summed sequentially, as the host does), else in id order.
 // Every reduction has a fixed order, so the choice never depends on the batch.
+// The first maximum can come from the LM head GEMV (dev::argmax_key words),
+// which saves a pass over the row: a greedy row then costs one read.
 #include <cuda_bf16.h>
 
 #include <cfloat>
@@ -23,11 +25,7 @@ constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 static_assert(kDeviceSortCapacity == kThreads, "the bitonic sort gives each thread one element");
 
-// Larger key = larger float; a strict total order on non-NaN floats.
-__device__ __forceinline__ uint32_t order_key(float v) {
-  const uint32_t u = __float_as_uint(v);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
+using dev::order_key;
 
 struct Shared {
   int32_t banned[kMaxBannedPerRow];
@@ -113,7 +111,7 @@ __device__ __forceinline__ bool better_pair(float v, int id, float bv, int bid) 
 
 __global__ __launch_bounds__(kThreads) void sample_kernel(const float* logits, int vocab,
                                                           const SamplingRowParams* params, const int32_t* banned,
-                                                          int32_t* tokens) {
+                                                          int32_t* tokens, const unsigned long long* argmax_keys) {
   dev::begin_dependent_kernel();
   __shared__ Shared sh;
   const int row = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -135,43 +133,53 @@ __global__ __launch_bounds__(kThreads) void sample_kernel(const float* logits, i
     return v;
   };
 
-  // 1. The first maximum. Strided (coalesced) reads: a thread's ids ascend,
-  // so keeping only strictly larger values keeps its first maximum.
-  float best_v = -INFINITY;
-  int best_i = -1;
-  for (int i = tid; i < vocab; i += kThreads) {
-    const float v = value(i);
-    if (best_i < 0 || v > best_v) {
-      best_v = v;
-      best_i = i;
+  // 1. The first maximum: from the LM head's keys, or a pass over the row.
+  // Strided (coalesced) reads: a thread's ids ascend, so keeping only
+  // strictly larger values keeps its first maximum.
+  if (argmax_keys && nb == 0) {
+    if (tid == 0) {
+      const unsigned long long key = argmax_keys[row];
+      sh.bcast[0] = static_cast<int>(0xffffffffu - static_cast<uint32_t>(key));
+      sh.dbcast[0] = dev::from_order_key(static_cast<uint32_t>(key >> 32));
     }
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-    if (better_pair(ov, oi, best_v, best_i)) {
-      best_v = ov;
-      best_i = oi;
-    }
-  }
-  if (lane == 0) {
-    sh.f_scratch[warp] = best_v;
-    sh.i_scratch[warp] = best_i;
-  }
-  __syncthreads();
-  if (tid == 0) {
-    float bv = sh.f_scratch[0];
-    int bi = sh.i_scratch[0];
-    for (int w = 1; w < kWarps; ++w)
-      if (better_pair(sh.f_scratch[w], sh.i_scratch[w], bv, bi)) {
-        bv = sh.f_scratch[w];
-        bi = sh.i_scratch[w];
+    __syncthreads();
+  } else {
+    float best_v = -INFINITY;
+    int best_i = -1;
+    for (int i = tid; i < vocab; i += kThreads) {
+      const float v = value(i);
+      if (best_i < 0 || v > best_v) {
+        best_v = v;
+        best_i = i;
       }
-    sh.bcast[0] = bi;
-    sh.dbcast[0] = bv;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+      if (better_pair(ov, oi, best_v, best_i)) {
+        best_v = ov;
+        best_i = oi;
+      }
+    }
+    if (lane == 0) {
+      sh.f_scratch[warp] = best_v;
+      sh.i_scratch[warp] = best_i;
+    }
+    __syncthreads();
+    if (tid == 0) {
+      float bv = sh.f_scratch[0];
+      int bi = sh.i_scratch[0];
+      for (int w = 1; w < kWarps; ++w)
+        if (better_pair(sh.f_scratch[w], sh.i_scratch[w], bv, bi)) {
+          bv = sh.f_scratch[w];
+          bi = sh.i_scratch[w];
+        }
+      sh.bcast[0] = bi;
+      sh.dbcast[0] = bv;
+    }
+    __syncthreads();
   }
-  __syncthreads();
   const int argmax = sh.bcast[0];
   const float max_v = static_cast<float>(sh.dbcast[0]);
   if (p.temperature < 1e-5 || max_v == -INFINITY) {
@@ -369,10 +377,12 @@ __global__ __launch_bounds__(kThreads) void sample_kernel(const float* logits, i
 }  // namespace
 
 cudaError_t launch_sample_tokens(const float* logits, int rows, int vocab, const SamplingRowParams* params,
-                                 const int32_t* banned_ids, int32_t* tokens, LaunchConfig launch) {
+                                 const int32_t* banned_ids, int32_t* tokens, LaunchConfig launch,
+                                 const unsigned long long* argmax_keys) {
   if (rows <= 0) return cudaSuccess;
   if (vocab <= 0) return cudaErrorInvalidValue;
-  return launch_kernel(sample_kernel, rows, kThreads, 0, launch, logits, vocab, params, banned_ids, tokens);
+  return launch_kernel(sample_kernel, rows, kThreads, 0, launch, logits, vocab, params, banned_ids, tokens,
+                       argmax_keys);
 }
 
 }  // namespace siesta::cuda
