@@ -73,6 +73,17 @@ if b:
     for t in b.get("targets", []):
         rows.append((f"target: {t['name']}", f"{t['measured']:.3f}", f"{'met' if t['met'] else 'MISSED'} (target {t['target']})"))
 
+f = load("cuda_sync_floor.json")
+if f:
+    s = f["per_step"]
+    rows.append((f"dependent step, {s['steps']} in a chain (us)",
+                 f"kernel+PDL {s['stage_kernel_pdl_us']:.2f}, grid barrier {s['stage_grid_barrier_us']:.2f}",
+                 f"empty kernel {s['empty_kernel_us']:.2f} / +PDL {s['empty_kernel_pdl_us']:.2f}; "
+                 f"x{s['steps']}: {s['steps'] * min(s['stage_kernel_pdl_us'], s['stage_grid_barrier_us']) / 1000:.3f} ms"))
+    if "gemv_layer_pdl_us" in s:
+        rows.append(("0.6B decode GEMVs alone, per layer (us)", f"{s['gemv_layer_pdl_us']:.1f} (PDL), {s['gemv_layer_us']:.1f}",
+                     f"bytes at copy bandwidth {s['gemv_layer_bytes'] / s['d2d_copy_GBps'] / 1e3:.1f}"))
+
 for name in ("memory_cuda_offload_staged.json", "memory_cuda_offload_staged_8threads.json",
              "memory_cuda_offload_pinned.json"):
     m = load(name)

@@ -541,6 +541,33 @@ TEST_F(CudaKernels, DecodeAttentionSplitsLongContextsAndMatchesReference) {
       EXPECT_EQ(d_out.download(), out_bits) << heads << "/" << kvh << ", partitions of " << partition << ", run " << run;
     }
     EXPECT_EQ(d_done.download(), std::vector<uint32_t>(static_cast<size_t>(S) * kvh, 0u));
+    a.partition_done = nullptr;
+    // The sequences of up to 512 tokens (2 to 8 partitions of 64, and one of a
+    // single partition, and the padding row) as clusters that combine in shared memory.
+    if (partition == 64) {
+      std::vector<int32_t> short_seqs;
+      int short_parts = 1;
+      for (int s = 0; s < S; ++s)
+        if (lens[s] <= 512) {
+          short_seqs.push_back(s);
+          short_parts = std::max(short_parts, (lens[s] + 63) / 64);
+        }
+      DeviceArray<int32_t> d_short(short_seqs.size());
+      d_short.upload(short_seqs);
+      a.decode_seqs = d_short.get();
+      a.cluster_partitions = true;
+      CUDA_OK(cudaMemset(d_out.get(), 0xff, static_cast<size_t>(S) * heads * hd * 2));
+      CUDA_OK(launch_decode_attention(a, static_cast<int>(short_seqs.size()), short_parts, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto clustered = d_out.download();
+      const size_t row_elems = static_cast<size_t>(heads) * hd;
+      for (int s : short_seqs)
+        EXPECT_TRUE(std::equal(clustered.begin() + s * row_elems, clustered.begin() + (s + 1) * row_elems,
+                               out_bits.begin() + s * row_elems))
+            << heads << "/" << kvh << ": sequence " << s << " (" << lens[s] << " tokens) in a cluster";
+      a.cluster_partitions = false;
+      a.decode_seqs = d_dec.get();
+    }
     double worst = 0;
     for (int s = 0; s < S; ++s)
       for (int h = 0; h < heads; ++h) {

@@ -3,6 +3,7 @@
 // (attention_decode.cuh); sequences longer than one partition are combined in
 // partition order by the last of their CTAs to finish, or by a second kernel.
 // In pure decode passes the kernel also does q/k norm + RoPE and the KV write.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -15,6 +16,9 @@
 namespace siesta::cuda {
 namespace {
 
+namespace cg = cooperative_groups;
+constexpr int kMaxClusterPartitions = 8;  // the portable cluster size
+
 // Whether the kernel copies its partition's cached K/V rows to shared memory
 // before waiting for the previous kernel: short partitions, where they fit
 // beside the other shared memory in the 48 KB of a static allocation.
@@ -22,7 +26,10 @@ template <int kHeadDim, int kGroup, int kP>
 constexpr bool kStageKv = kP == 64 && sizeof(dev::DecodeAttentionSmem<kHeadDim, kGroup, kP>) + kGroup * kHeadDim * 2 +
                                           2 * kP * (kHeadDim + dev::kKvRowPad) * 2 <= 48 * 1024;
 
-template <int kHeadDim, int kGroup, int kP>
+// kCluster: the kernel runs as clusters of the partitions of one (kv head,
+// sequence) (cluster dims 1 x max_partitions x 1), which combine through
+// distributed shared memory: no partial outputs in global memory, no counter.
+template <int kHeadDim, int kGroup, int kP, bool kCluster>
 __global__ __launch_bounds__(dev::kDecodeThreads, 4) void decode_attention_kernel(AttentionArgs a) {
   constexpr bool kStage = kStageKv<kHeadDim, kGroup, kP>;
   constexpr int kStride = kHeadDim + dev::kKvRowPad;
@@ -30,6 +37,8 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 4) void decode_attention_kerne
   __shared__ __align__(16) bf16 q_normed[kGroup * kHeadDim];
   __shared__ __align__(16) bf16 kv_s[kStage ? 2 * kP * kStride : 8];
   const int dslot = blockIdx.z, kvh = blockIdx.x, part = blockIdx.y;
+  bf16* const k_s = kv_s;
+  bf16* const v_s = kv_s + (kStage ? kP * kStride : 0);
   dev::allow_next_kernel();
   // The cached rows of this partition (every position but the step's new one)
   // were written by earlier steps, and the step metadata before the pass's
@@ -38,8 +47,7 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 4) void decode_attention_kerne
   if constexpr (kStage) {
     const int len = a.seq_kv_len[a.decode_seqs[dslot]];
     staged = max(0, min(len - 1, (part + 1) * kP) - part * kP);
-    dev::stage_kv_rows<kHeadDim>(dev::cache_rows(a, dslot, kvh), part * kP, staged, kv_s, kv_s + kP * kStride,
-                                 dev::kDecodeThreads);
+    dev::stage_kv_rows<kHeadDim>(dev::cache_rows(a, dslot, kvh), part * kP, staged, k_s, v_s, dev::kDecodeThreads);
   }
   dev::wait_for_previous_kernel();
   const int seq = a.decode_seqs[dslot];
@@ -48,7 +56,8 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 4) void decode_attention_kerne
   if (a.qkv) {
     // q/k norm + RoPE here (qk_norm_rope_kv's arithmetic): the group's query
     // heads into shared memory, and from the CTA of the last partition (the
-    // only one that reads it) the new token's K and V into the cache.
+    // only one that reads it) the new token's K and V into the cache, and
+    // beside the staged rows, so that attention does not read them back.
     const int len = a.seq_kv_len[seq];
     const int nparts = (len + kP - 1) / kP;
     if (len > 0 && part < nparts) {
@@ -62,30 +71,59 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 4) void decode_attention_kerne
         if (u < kGroup) {
           dev::norm_rope_head<kHeadDim>(qkv_row + (kvh * kGroup + u) * kHeadDim, a.q_norm, rope, a.eps,
                                         q_normed + u * kHeadDim);
-        } else if (u == kGroup) {
+          continue;
+        }
+        const int kind = u - kGroup;  // 0: K, 1: V
+        uint4* cache = reinterpret_cast<uint4*>(
+            dev::kv_slot(a.kv, slot / kKvBlockSize, slot % kKvBlockSize, a.layer, kind, kvh));
+        bf16* local = kStage ? (kind == 0 ? k_s : v_s) + staged * kStride : nullptr;
+        if (kind == 0) {
           dev::norm_rope_head<kHeadDim>(qkv_row + q_dim + kvh * kHeadDim, a.k_norm, rope, a.eps,
-                                        dev::kv_slot(a.kv, slot / kKvBlockSize, slot % kKvBlockSize, a.layer, 0, kvh));
+                                        kStage ? local : reinterpret_cast<bf16*>(cache));
         } else {
           const uint4* src = reinterpret_cast<const uint4*>(qkv_row + q_dim + kv_dim + kvh * kHeadDim);
-          uint4* dst = reinterpret_cast<uint4*>(dev::kv_slot(a.kv, slot / kKvBlockSize, slot % kKvBlockSize, a.layer, 1, kvh));
-          for (int c = lane; c < kHeadDim / 8; c += 32) dst[c] = src[c];
+          for (int c = lane; c < kHeadDim / 8; c += 32) (kStage ? reinterpret_cast<uint4*>(local) : cache)[c] = src[c];
+        }
+        if constexpr (kStage) {
+          __syncwarp();
+          for (int c = lane; c < kHeadDim / 8; c += 32) cache[c] = reinterpret_cast<const uint4*>(local)[c];
         }
       }
+      if (kStage && writes_kv) ++staged;  // the new row follows the staged ones
     }
     q_group = q_normed;
   }
   int nparts = 0;
   if constexpr (kStage) {
     asm volatile("cp.async.wait_all;" ::: "memory");
-    __syncthreads();  // the staged rows, and the new K/V row written above, for every thread
-    const dev::StagedRows rows{dev::cache_rows(a, dslot, kvh), kv_s, kv_s + kP * kStride, part * kP, staged, kStride};
+    __syncthreads();  // the staged rows and the new K/V row, for every thread
+    const dev::StagedRows rows{dev::cache_rows(a, dslot, kvh), k_s, v_s, part * kP, staged, kStride};
     nparts = dev::decode_attention_item<kHeadDim, kGroup, kP>(a, dslot, kvh, part, q_group, rows, sm,
-                                                              [] { __syncthreads(); });
+                                                              [] { __syncthreads(); }, kCluster);
   } else {
     __syncthreads();  // the new K/V row written above, for every thread
     nparts = dev::decode_attention_item<kHeadDim, kGroup, kP>(a, dslot, kvh, part, q_group,
                                                               dev::cache_rows(a, dslot, kvh), sm,
-                                                              [] { __syncthreads(); });
+                                                              [] { __syncthreads(); }, kCluster);
+  }
+  bf16* out_row = a.out + static_cast<size_t>(row) * a.num_heads * kHeadDim;
+  if constexpr (kCluster) {
+    // Every CTA of the cluster reaches both barriers (none returns early): the
+    // first publishes the partials, the second keeps them alive while read.
+    // Partition 0 combines them in partition order.
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    if (part == 0 && nparts > 1) {
+      for (int i = threadIdx.x; i < kGroup * kHeadDim; i += dev::kDecodeThreads) {
+        const int g = i / kHeadDim, d = i % kHeadDim;
+        const float val = dev::combine_partitions(
+            nparts, [&](int p, int k) { return cluster.map_shared_rank(&sm.stat[g][0], p)[k]; },
+            [&](int p) { return *cluster.map_shared_rank(&sm.red[0][g][d], p); });
+        out_row[(kvh * kGroup + g) * kHeadDim + d] = __float2bfloat16(val);
+      }
+    }
+    cluster.sync();
+    return;
   }
   if (a.partition_done == nullptr || nparts <= 1 || part >= nparts) return;
   // The last CTA of (sequence, kv head) to finish combines the partitions. The
@@ -102,7 +140,6 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 4) void decode_attention_kerne
   }
   __syncthreads();
   if (!last) return;
-  bf16* out_row = a.out + static_cast<size_t>(row) * a.num_heads * kHeadDim;
   for (int i = threadIdx.x; i < kGroup * kHeadDim; i += dev::kDecodeThreads) {
     const int g = i / kHeadDim, d = i % kHeadDim;
     out_row[(kvh * kGroup + g) * kHeadDim + d] =
@@ -124,10 +161,38 @@ __global__ __launch_bounds__(kHeadDim) void decode_reduce_kernel(AttentionArgs a
       __float2bfloat16(dev::reduce_partitions<kHeadDim>(a, dslot, h, nparts, threadIdx.x));
 }
 
+// The partitions of a (kv head, sequence) as one cluster (launch_kernel's
+// launch with a cluster dimension as well).
+template <int kHeadDim, int kGroup, int kP>
+cudaError_t launch_clusters(const AttentionArgs& a, int num_decode, int max_partitions, const LaunchConfig& launch) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(a.num_kv_heads, max_partitions, num_decode);
+  cfg.blockDim = dev::kDecodeThreads;
+  cfg.stream = launch.stream;
+  cudaLaunchAttribute attrs[2]{};
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = 1;
+  attrs[0].val.clusterDim.y = max_partitions;
+  attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = launch.overlap ? 2 : 1;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, decode_attention_kernel<kHeadDim, kGroup, kP, true>, a);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
 template <int kHeadDim, int kGroup, int kP>
 cudaError_t launch_with(const AttentionArgs& a, int num_decode, int max_partitions, const LaunchConfig& launch) {
+  // Short contexts split into up to kMaxClusterPartitions partitions combine in
+  // a cluster; longer ones by their last CTA (partition_done) or a second kernel.
+  if constexpr (kP == 64) {
+    if (a.cluster_partitions && max_partitions > 1 && max_partitions <= kMaxClusterPartitions)
+      return launch_clusters<kHeadDim, kGroup, kP>(a, num_decode, max_partitions, launch);
+  }
   const dim3 grid(a.num_kv_heads, max_partitions, num_decode);
-  const cudaError_t err = launch_kernel(decode_attention_kernel<kHeadDim, kGroup, kP>, grid, dev::kDecodeThreads, 0, launch, a);
+  const cudaError_t err =
+      launch_kernel(decode_attention_kernel<kHeadDim, kGroup, kP, false>, grid, dev::kDecodeThreads, 0, launch, a);
   if (err != cudaSuccess || max_partitions <= 1 || a.partition_done != nullptr) return err;
   return launch_kernel(decode_reduce_kernel<kHeadDim, kP>, dim3(a.num_heads, num_decode), kHeadDim, 0, launch, a);
 }

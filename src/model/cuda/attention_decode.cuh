@@ -87,9 +87,13 @@ struct DecodeAttentionSmem {
 // shared memory). rows.k(t) / rows.v(t): the K / V row of the kv head at
 // position t (CacheRows: in the cache; or a copy in shared memory). Returns
 // the sequence's partition count (0: padding).
+// partial_in_smem: a partition of a longer sequence leaves its normalised
+// output in sm.red[0] (and its (max, sum) in sm.stat) instead of partial_out /
+// partial_ml, for the CTAs of a cluster to combine.
 template <int kHeadDim, int kGroup, int kP, class Rows, class Sync>
 __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh, int part, const bf16* q_group,
-                                     const Rows& rows, DecodeAttentionSmem<kHeadDim, kGroup, kP>& sm, Sync sync) {
+                                     const Rows& rows, DecodeAttentionSmem<kHeadDim, kGroup, kP>& sm, Sync sync,
+                                     bool partial_in_smem = false) {
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per K row
   auto& q_s = sm.q;
   auto& p_s = sm.p;
@@ -263,6 +267,8 @@ __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh,
     const float val = sum / stat_s[g][1];
     if (nparts == 1) {
       out_row[(h0 + g) * kHeadDim + d] = __float2bfloat16(val);
+    } else if (partial_in_smem) {
+      red_s[0][g][d] = val;  // only this thread reads or writes (g, d) in this loop
     } else {
       const size_t base = (static_cast<size_t>(dslot) * a.num_heads + h0 + g) * a.partial_parts + part;
       a.partial_out[base * kHeadDim + d] = val;
@@ -273,6 +279,22 @@ __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh,
     }
   }
   return nparts;
+}
+
+// The combination of reduce_partitions below, over partitions whose (max, sum)
+// and output at (g, d) come from ml(p) (a float2-like pair) and o(p): the same
+// arithmetic in the same order, wherever the partials are.
+template <class Ml, class O>
+__device__ __forceinline__ float combine_partitions(int nparts, Ml ml, O o) {
+  float m = -INFINITY;
+  for (int p = 0; p < nparts; ++p) m = fmaxf(m, ml(p, 0));
+  float num = 0.0f, den = 0.0f;
+  for (int p = 0; p < nparts; ++p) {
+    const float w = ml(p, 1) * exp2f(ml(p, 0) - m);
+    num += w * o(p);
+    den += w;
+  }
+  return num / den;
 }
 
 // The output of head h of decode slot dslot at dimension d, combined from its

@@ -111,6 +111,10 @@ struct AttentionArgs {
   // With them the last CTA of a (sequence, kv head) to finish combines its partitions and
   // returns the counter to zero, in place of the reduction kernel (one launch fewer, same bits).
   uint32_t* partition_done = nullptr;
+  // Decode with 64-token partitions, 2 to 8 of them: the partitions of a (kv head,
+  // sequence) run as one thread-block cluster and combine through distributed
+  // shared memory (same bits, no partial outputs in global memory).
+  bool cluster_partitions = false;
   // Decode of a pure decode pass: with qkv set, each decode attention CTA applies
   // q/k norm + RoPE to its query heads itself (q above is not read), and the CTA
   // of a sequence's last partition writes the new token's K and V to the cache

@@ -533,6 +533,7 @@ cuda::AttentionArgs CudaQwen3::Impl::attention_args(const PassDevice& p) const {
   // sync words (zeroed by every upload; the fused kernel's first words left alone).
   if (static_cast<size_t>(p.D) * cfg.num_kv_heads <= cuda::kStepSyncWords - kPartitionSyncOffset)
     aa.partition_done = p.sync + kPartitionSyncOffset;
+  aa.cluster_partitions = true;  // contexts of 2 to 8 partitions of 64 (kernels.h)
   aa.prefill_items = p.prefill_items;
   aa.prefill_heads_per_cta = opt.prefill_heads_per_cta;
   aa.prefill_warp_rows = prefill_warp_rows(p.W);

@@ -1,0 +1,281 @@
+// What a chain of dependent steps costs on this GPU, whatever the steps do: the
+// floor under a batch-1 decode step, which is ~140 steps that each need every
+// output of the one before (28 layers x 5, embedding, LM head, sampling).
+//
+//   cuda_sync_floor_bench [--steps 143] [--repeat 50] [--out FILE.json] [--commit SHA]
+//
+// Measured, each as the mean per step over CUDA-graph replays of `steps` steps:
+//   empty_kernel        an empty kernel per step (launch and completion only);
+//   empty_kernel_pdl    the same with programmatic dependent launch (the next
+//                       kernel starts while this one ends; griddepcontrol.wait);
+//   stage_kernel_pdl    one kernel per step of 2 CTAs per SM, each CTA reading
+//                       the previous step's 1024 floats (all of them, written by
+//                       every CTA of the step before) and writing its 8: the
+//                       smallest all-to-all step, as the decode kernels chain them;
+//   stage_grid_barrier  the same steps inside one persistent kernel of one CTA
+//                       per SM, a grid barrier (release add, acquire poll) between
+//                       steps: the fused decode kernel's structure.
+// And the device-to-device copy bandwidth, for the bytes side of the floor; and
+// siesta's own decode GEMVs alone, with Qwen3-0.6B's shapes at batch 1 (QKV,
+// O, gate/up, down: 28 layers of distinct weights in a graph, with and without
+// programmatic launch), per layer: what the projections cost without attention.
+#include <cuda_runtime.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "model/cuda/kernels.h"
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kVector = 1024;  // floats a step reads (the hidden size of Qwen3-0.6B)
+constexpr int kPerCta = 8;     // floats a CTA writes
+
+#define CHECK(x)                                                                               \
+  do {                                                                                         \
+    const cudaError_t e_ = (x);                                                                \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "cuda_sync_floor_bench: %s: %s\n", #x, cudaGetErrorString(e_));     \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+__device__ __forceinline__ void allow_next() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void wait_previous() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+__global__ void empty_kernel() {
+  allow_next();
+  wait_previous();
+}
+
+// Sum of the input vector (read through L2), then this CTA's 8 outputs.
+__device__ __forceinline__ void stage(const float* in, float* out, float* scratch) {
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < kVector; i += kThreads) s += __ldcg(in + i);
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = s;
+  __syncthreads();
+  if (threadIdx.x < kPerCta) {
+    float t = 0.0f;
+    for (int w = 0; w < kThreads / 32; ++w) t += scratch[w];
+    const int i = (blockIdx.x * kPerCta + threadIdx.x) % kVector;
+    out[i] = t * 1e-3f + static_cast<float>(threadIdx.x);
+  }
+  __syncthreads();
+}
+
+__global__ void stage_kernel(const float* in, float* out) {
+  __shared__ float scratch[kThreads / 32];
+  allow_next();
+  wait_previous();
+  stage(in, out, scratch);
+}
+
+__global__ void persistent_kernel(float* a, float* b, int steps, unsigned* arrivals) {
+  __shared__ float scratch[kThreads / 32];
+  unsigned target = 0;
+  for (int s = 0; s < steps; ++s) {
+    stage(s % 2 ? b : a, s % 2 ? a : b, scratch);
+    target += gridDim.x;
+    if (threadIdx.x == 0) {
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(arrivals) : "memory");
+      unsigned seen = 0;
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrivals) : "memory");
+      } while (static_cast<int>(seen - target) < 0);
+    }
+    __syncthreads();
+  }
+}
+
+template <class... KArgs, class... Args>
+void launch(void (*k)(KArgs...), int grid, bool pdl, cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = kThreads;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  if (pdl) {
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+  }
+  CHECK(cudaLaunchKernelEx(&cfg, k, args...));
+}
+
+// Mean microseconds per step over `repeat` replays of a graph that `body` captures.
+template <class Body>
+double per_step_us(cudaStream_t stream, int steps, int repeat, Body body) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  body();
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) CHECK(cudaGraphLaunch(exec, stream));  // warm-up
+  cudaEvent_t t0, t1;
+  CHECK(cudaEventCreate(&t0));
+  CHECK(cudaEventCreate(&t1));
+  CHECK(cudaEventRecord(t0, stream));
+  for (int i = 0; i < repeat; ++i) CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaEventRecord(t1, stream));
+  CHECK(cudaEventSynchronize(t1));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, t0, t1));
+  CHECK(cudaEventDestroy(t0));
+  CHECK(cudaEventDestroy(t1));
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  return 1000.0 * ms / repeat / steps;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 143, repeat = 50;
+  std::string out, commit = "unknown";
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "cuda_sync_floor_bench: %s needs a value\n", k.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "--steps") steps = std::atoi(next().c_str());
+    else if (k == "--repeat") repeat = std::atoi(next().c_str());
+    else if (k == "--out") out = next();
+    else if (k == "--commit") commit = next();
+    else {
+      std::fprintf(stderr, "cuda_sync_floor_bench: unknown argument %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (steps < 2 || repeat < 1) {
+    std::fprintf(stderr, "cuda_sync_floor_bench: --steps must be at least 2 and --repeat at least 1\n");
+    return 2;
+  }
+  int device = 0, sms = 0;
+  CHECK(cudaGetDevice(&device));
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, device));
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  float *a = nullptr, *b = nullptr;
+  unsigned* arrivals = nullptr;
+  CHECK(cudaMalloc(&a, kVector * sizeof(float)));
+  CHECK(cudaMalloc(&b, kVector * sizeof(float)));
+  CHECK(cudaMalloc(&arrivals, sizeof(unsigned)));
+  CHECK(cudaMemset(a, 0, kVector * sizeof(float)));
+  CHECK(cudaMemset(b, 0, kVector * sizeof(float)));
+
+  nlohmann::json r;
+  r["steps"] = steps;
+  r["repeat"] = repeat;
+  const int stage_ctas = 2 * sms;
+  r["empty_kernel_us"] = per_step_us(stream, steps, repeat, [&] {
+    for (int s = 0; s < steps; ++s) launch(empty_kernel, stage_ctas, false, stream);
+  });
+  r["empty_kernel_pdl_us"] = per_step_us(stream, steps, repeat, [&] {
+    for (int s = 0; s < steps; ++s) launch(empty_kernel, stage_ctas, true, stream);
+  });
+  r["stage_kernel_us"] = per_step_us(stream, steps, repeat, [&] {
+    for (int s = 0; s < steps; ++s) launch(stage_kernel, stage_ctas, false, stream, s % 2 ? b : a, s % 2 ? a : b);
+  });
+  r["stage_kernel_pdl_us"] = per_step_us(stream, steps, repeat, [&] {
+    for (int s = 0; s < steps; ++s) launch(stage_kernel, stage_ctas, true, stream, s % 2 ? b : a, s % 2 ? a : b);
+  });
+  // One CTA per SM, all resident (a cooperative launch guarantees it); each
+  // launch runs every step, so its own launch is spread over them.
+  {
+    int n = steps;
+    void* args[] = {&a, &b, &n, &arrivals};
+    auto run = [&] {
+      CHECK(cudaMemsetAsync(arrivals, 0, sizeof(unsigned), stream));
+      CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(persistent_kernel), sms, kThreads, args, 0, stream));
+    };
+    run();  // warm-up
+    cudaEvent_t t0, t1;
+    CHECK(cudaEventCreate(&t0));
+    CHECK(cudaEventCreate(&t1));
+    CHECK(cudaEventRecord(t0, stream));
+    for (int i = 0; i < repeat; ++i) run();
+    CHECK(cudaEventRecord(t1, stream));
+    CHECK(cudaEventSynchronize(t1));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    r["stage_grid_barrier_us"] = 1000.0 * ms / repeat / steps;
+  }
+
+  // Copy bandwidth: 1 GiB device to device, read + write bytes per second.
+  const size_t bytes = size_t{1} << 30;
+  void *src = nullptr, *dst = nullptr;
+  CHECK(cudaMalloc(&src, bytes));
+  CHECK(cudaMalloc(&dst, bytes));
+  CHECK(cudaMemsetAsync(src, 1, bytes, stream));
+  CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+  cudaEvent_t t0, t1;
+  CHECK(cudaEventCreate(&t0));
+  CHECK(cudaEventCreate(&t1));
+  CHECK(cudaEventRecord(t0, stream));
+  for (int i = 0; i < 10; ++i) CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+  CHECK(cudaEventRecord(t1, stream));
+  CHECK(cudaEventSynchronize(t1));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, t0, t1));
+  r["d2d_copy_GBps"] = 2.0 * bytes * 10 / (ms * 1e-3) / 1e9;
+
+  // siesta's decode GEMVs, Qwen3-0.6B at batch 1: 28 layers of distinct weights.
+  {
+    using siesta::cuda::GemvArgs;
+    using siesta::cuda::GemvInput;
+    using siesta::cuda::GemvOutput;
+    using bf16 = siesta::cuda::bf16;
+    const int layers = 28, H = 1024, QKV = 4096, QD = 2048, I = 3072;
+    const size_t per_layer = static_cast<size_t>(QKV) * H + static_cast<size_t>(H) * QD +
+                             static_cast<size_t>(2 * I) * H + static_cast<size_t>(H) * I + H;
+    bf16 *w = nullptr, *act = nullptr;
+    CHECK(cudaMalloc(&w, per_layer * layers * sizeof(bf16)));
+    CHECK(cudaMalloc(&act, (H + QKV + QD + 2 * I) * sizeof(bf16)));
+    CHECK(siesta::cuda::launch_fill_random_bf16(w, per_layer * layers, 1, 0.05f, stream));
+    CHECK(siesta::cuda::launch_fill_random_bf16(act, H + QKV + QD + 2 * I, 2, 1.0f, stream));
+    bf16 *x = act, *qkv = x + H, *attn = qkv + QKV, *gu = attn + QD;
+    auto chain = [&](bool pdl) {
+      for (int l = 0; l < layers; ++l) {
+        const bf16* lw = w + per_layer * l;
+        const bf16 *wqkv = lw, *wo = wqkv + static_cast<size_t>(QKV) * H, *wgu = wo + static_cast<size_t>(H) * QD;
+        const bf16 *wd = wgu + static_cast<size_t>(2 * I) * H, *norm = wd + static_cast<size_t>(H) * I;
+        const siesta::cuda::LaunchConfig lc(stream, pdl);
+        CHECK(launch_gemv(GemvArgs{x, norm, 1e-6f, wqkv, 1, QKV, H, GemvInput::kRmsNorm, GemvOutput::kBf16, qkv}, lc));
+        CHECK(launch_gemv(GemvArgs{attn, nullptr, 0.0f, wo, 1, H, QD, GemvInput::kPlain, GemvOutput::kAddBf16, x}, lc));
+        CHECK(launch_gemv(GemvArgs{x, norm, 1e-6f, wgu, 1, 2 * I, H, GemvInput::kRmsNorm, GemvOutput::kBf16, gu}, lc));
+        CHECK(launch_gemv(GemvArgs{gu, nullptr, 0.0f, wd, 1, H, I, GemvInput::kSiluMul, GemvOutput::kAddBf16, x}, lc));
+      }
+    };
+    r["gemv_layer_pdl_us"] = per_step_us(stream, layers, repeat, [&] { chain(true); });
+    r["gemv_layer_us"] = per_step_us(stream, layers, repeat, [&] { chain(false); });
+    r["gemv_layer_bytes"] = per_layer * sizeof(bf16);
+    CHECK(cudaFree(w));
+    CHECK(cudaFree(act));
+  }
+
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  nlohmann::json doc = {{"machine", {{"gpu", prop.name}, {"sm_count", sms}}}, {"date", date}, {"commit", commit},
+                        {"per_step", r}};
+  std::printf("%s\n", doc.dump(1).c_str());
+  if (!out.empty()) std::ofstream(out) << doc.dump(1) << "\n";
+  return 0;
+}
