@@ -24,7 +24,7 @@ constexpr int kMaxClusterPartitions = 8;  // the portable cluster size
 // beside the other shared memory in the 48 KB of a static allocation.
 template <int kHeadDim, int kGroup, int kP>
 constexpr bool kStageKv = kP == 64 && sizeof(dev::DecodeAttentionSmem<kHeadDim, kGroup, kP>) + kGroup * kHeadDim * 2 +
-                                          2 * kP * (kHeadDim + dev::kKvRowPad) * 2 <= 48 * 1024;
+                                          3 * kHeadDim * 2 + 2 * kP * (kHeadDim + dev::kKvRowPad) * 2 <= 48 * 1024;
 
 // kCluster: the kernel runs as clusters of the partitions of one (kv head,
 // sequence) (cluster dims 1 x max_partitions x 1), which combine through
@@ -36,40 +36,62 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 4) void decode_attention_kerne
   __shared__ dev::DecodeAttentionSmem<kHeadDim, kGroup, kP> sm;
   __shared__ __align__(16) bf16 q_normed[kGroup * kHeadDim];
   __shared__ __align__(16) bf16 kv_s[kStage ? 2 * kP * kStride : 8];
+  // The RoPE row of the token's position, then the q and k norm weights.
+  __shared__ __align__(16) bf16 consts_s[3 * kHeadDim];
   const int dslot = blockIdx.z, kvh = blockIdx.x, part = blockIdx.y;
   bf16* const k_s = kv_s;
   bf16* const v_s = kv_s + (kStage ? kP * kStride : 0);
   dev::allow_next_kernel();
-  // The cached rows of this partition (every position but the step's new one)
-  // were written by earlier steps, and the step metadata before the pass's
-  // first kernel: their copy overlaps the previous kernel's tail.
-  int staged = 0;
-  if constexpr (kStage) {
-    const int len = a.seq_kv_len[a.decode_seqs[dslot]];
-    staged = max(0, min(len - 1, (part + 1) * kP) - part * kP);
-    dev::stage_kv_rows<kHeadDim>(dev::cache_rows(a, dslot, kvh), part * kP, staged, k_s, v_s, dev::kDecodeThreads);
-  }
-  dev::wait_for_previous_kernel();
+  // Before waiting for the previous kernel, what does not depend on it: the
+  // step metadata (uploaded before the pass's first kernel), the RoPE row and
+  // norm weights, and the cached rows of this partition (every position but
+  // the step's new one, written by earlier steps).
   const int seq = a.decode_seqs[dslot];
   const int row = a.seq_q_start[seq];
+  const int len = a.seq_kv_len[seq];
+  const int nparts_here = (len + kP - 1) / kP;
+  const bool qk_here = a.qkv && len > 0 && part < nparts_here;
+  const int slot = qk_here ? a.slots[row] : -1;
+  if (qk_here && threadIdx.x < 3 * kHeadDim / 8) {
+    constexpr int kRowChunks = kHeadDim / 8;
+    const int which = threadIdx.x / kRowChunks, c = threadIdx.x % kRowChunks;
+    const bf16* src = which == 0 ? reinterpret_cast<const bf16*>(a.rope_table + static_cast<size_t>(a.positions[row]) *
+                                                                                    (kHeadDim / 2))
+                      : which == 1 ? a.q_norm
+                                   : a.k_norm;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(
+                     consts_s + threadIdx.x * 8))),
+                 "l"(src + c * 8)
+                 : "memory");
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");  // group 1: the constants
+  int staged = 0;
+  if constexpr (kStage) {  // group 2: the K/V rows
+    staged = max(0, min(len - 1, (part + 1) * kP) - part * kP);
+    dev::stage_kv_rows<kHeadDim>(dev::cache_rows(a, dslot, kvh), part * kP, staged, k_s, v_s, dev::kDecodeThreads);
+  } else {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
+  dev::wait_for_previous_kernel();
   const bf16* q_group = a.q + (static_cast<size_t>(row) * a.num_heads + kvh * kGroup) * kHeadDim;
   if (a.qkv) {
     // q/k norm + RoPE here (qk_norm_rope_kv's arithmetic): the group's query
     // heads into shared memory, and from the CTA of the last partition (the
     // only one that reads it) the new token's K and V into the cache, and
     // beside the staged rows, so that attention does not read them back.
-    const int len = a.seq_kv_len[seq];
-    const int nparts = (len + kP - 1) / kP;
-    if (len > 0 && part < nparts) {
+    if (qk_here) {
+      asm volatile("cp.async.wait_group 1;" ::: "memory");
+      __syncthreads();  // the RoPE row and norm weights (group 1), for every thread
       const int q_dim = a.num_heads * kHeadDim, kv_dim = a.num_kv_heads * kHeadDim;
       const bf16* qkv_row = a.qkv + static_cast<size_t>(row) * (q_dim + 2 * kv_dim);
-      const __nv_bfloat162* rope = a.rope_table + static_cast<size_t>(a.positions[row]) * (kHeadDim / 2);
-      const int slot = a.slots[row];
-      const bool writes_kv = part == nparts - 1 && slot >= 0;
+      const __nv_bfloat162* rope = reinterpret_cast<const __nv_bfloat162*>(consts_s);
+      const bf16* q_norm = consts_s + kHeadDim;
+      const bf16* k_norm = consts_s + 2 * kHeadDim;
+      const bool writes_kv = part == nparts_here - 1 && slot >= 0;
       const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
       for (int u = warp; u < kGroup + (writes_kv ? 2 : 0); u += dev::kDecodeWarps) {
         if (u < kGroup) {
-          dev::norm_rope_head<kHeadDim>(qkv_row + (kvh * kGroup + u) * kHeadDim, a.q_norm, rope, a.eps,
+          dev::norm_rope_head<kHeadDim>(qkv_row + (kvh * kGroup + u) * kHeadDim, q_norm, rope, a.eps,
                                         q_normed + u * kHeadDim);
           continue;
         }
@@ -78,7 +100,7 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 4) void decode_attention_kerne
             dev::kv_slot(a.kv, slot / kKvBlockSize, slot % kKvBlockSize, a.layer, kind, kvh));
         bf16* local = kStage ? (kind == 0 ? k_s : v_s) + staged * kStride : nullptr;
         if (kind == 0) {
-          dev::norm_rope_head<kHeadDim>(qkv_row + q_dim + kvh * kHeadDim, a.k_norm, rope, a.eps,
+          dev::norm_rope_head<kHeadDim>(qkv_row + q_dim + kvh * kHeadDim, k_norm, rope, a.eps,
                                         kStage ? local : reinterpret_cast<bf16*>(cache));
         } else {
           const uint4* src = reinterpret_cast<const uint4*>(qkv_row + q_dim + kv_dim + kvh * kHeadDim);

@@ -29,11 +29,19 @@ constexpr int unroll_for() {
 }
 // CTAs of the largest-C kernel that fit on an SM at once (128 registers per thread).
 constexpr int kCtasPerSm = 2;
-constexpr size_t kMaxSmem = 96 * 1024;
+// Dynamic shared memory of a CTA (two share an SM): M input rows and a norm row
+// of up to 6144 bf16 at M = 8 (Qwen3-1.7B's intermediate size).
+constexpr size_t kMaxSmem = 112 * 1024;
 
 using dev::load8;
 using dev::round_bf16;
 using dev::store8;
+
+// Dynamic shared memory: the M staged input rows, then (RMSNorm input) the
+// norm weights, copied there before the kernel waits for the previous one.
+size_t gemv_smem(const GemvArgs& a) {
+  return (static_cast<size_t>(a.M) + (a.input_kind == GemvInput::kRmsNorm ? 1 : 0)) * a.K * sizeof(bf16);
+}
 
 template <int M>
 __device__ void stage_input(const GemvArgs& a, bf16* s_a) {
@@ -55,9 +63,12 @@ __device__ void stage_input(const GemvArgs& a, bf16* s_a) {
     float rs[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) rs[m] = rsqrtf(dev::block_sum(ss[m], scratch) / static_cast<float>(K) + a.eps);
+    const bf16* s_norm = s_a + M * K;  // copied before the wait (gemv_kernel)
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
     for (int c = threadIdx.x; c < chunks; c += kThreads) {
       float w[8];
-      load8(a.norm_weight + c * 8, w);
+      load8(s_norm + c * 8, w);
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         float f[8];
@@ -88,8 +99,15 @@ __device__ void stage_input(const GemvArgs& a, bf16* s_a) {
   __syncthreads();
 }
 
+// Whether the kernel reads its residual values right after the wait (they fit
+// in the registers of every (M, C) but the largest).
 template <int M, int C>
-__device__ __forceinline__ void store_rows(const GemvArgs& a, int n0, int lane, float (&acc)[C][M]) {
+constexpr bool kEarlyResidual = M * C <= 16;
+
+// resid: lane m's out[m, n0 + c] before the kernel (kAddBf16), loaded early.
+template <int M, int C>
+__device__ __forceinline__ void store_rows(const GemvArgs& a, int n0, int lane, float (&acc)[C][M],
+                                           const float (&resid)[C]) {
   unsigned long long best = 0;  // lane m: the largest argmax key of row m among the warp's columns
 #pragma unroll
   for (int c = 0; c < C; ++c) {
@@ -105,7 +123,8 @@ __device__ __forceinline__ void store_rows(const GemvArgs& a, int n0, int lane, 
           best = max(best, dev::argmax_key(logit, n));
         } else if (a.output_kind == GemvOutput::kAddBf16) {
           bf16* y = static_cast<bf16*>(a.out);
-          y[idx] = __float2bfloat16(__bfloat162float(y[idx]) + round_bf16(v));
+          const float r = kEarlyResidual<M, C> ? resid[c] : __bfloat162float(y[idx]);
+          y[idx] = __float2bfloat16(r + round_bf16(v));
         } else {
           static_cast<bf16*>(a.out)[idx] = __float2bfloat16(v);
         }
@@ -139,7 +158,22 @@ __global__ __launch_bounds__(kThreads, 2) void gemv_kernel(GemvArgs a) {
 #pragma unroll
     for (int c = 0; c < C; ++c) w[c][u] = ch < chunks ? __ldg(wrow[c] + ch) : make_uint4(0, 0, 0, 0);
   }
+  if (a.input_kind == GemvInput::kRmsNorm) {  // the norm weights, to shared memory
+    for (int c = threadIdx.x; c < chunks; c += kThreads) {
+      const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(s_a + M * K + c * 8));
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(a.norm_weight + c * 8) : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
   dev::wait_for_previous_kernel();
+  // The residual values this warp adds into, read now: the read overlaps the
+  // staging (where registers allow; else store_rows reads them).
+  float resid[C];
+#pragma unroll
+  for (int c = 0; c < C; ++c)
+    resid[c] = kEarlyResidual<M, C> && a.output_kind == GemvOutput::kAddBf16 && lane < M && n0 + c < a.N
+                   ? __bfloat162float(static_cast<const bf16*>(a.out)[static_cast<size_t>(lane) * a.N + n0 + c])
+                   : 0.0f;
   stage_input<M>(a, s_a);
   if (n0 >= a.N) return;
 
@@ -178,14 +212,14 @@ __global__ __launch_bounds__(kThreads, 2) void gemv_kernel(GemvArgs a) {
     }
   }
 
-  store_rows<M, C>(a, n0, lane, acc);
+  store_rows<M, C>(a, n0, lane, acc, resid);
 }
 
 template <int M, int C>
 cudaError_t launch_mc(const GemvArgs& a, const LaunchConfig& launch) {
   const int cols_per_cta = kWarps * C;
   const int grid = (a.N + cols_per_cta - 1) / cols_per_cta;
-  const size_t smem = static_cast<size_t>(M) * a.K * sizeof(bf16);
+  const size_t smem = gemv_smem(a);
   static const cudaError_t attr = cudaFuncSetAttribute(gemv_kernel<M, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                        static_cast<int>(kMaxSmem));
   if (attr != cudaSuccess) return attr;
@@ -219,7 +253,8 @@ cudaError_t launch_m(const GemvArgs& a, const LaunchConfig& launch) {
 }  // namespace
 
 bool gemv_supported(int M, int K) {
-  return M >= 1 && M <= kGemvMaxRows && K > 0 && K % 256 == 0 && static_cast<size_t>(M) * K * sizeof(bf16) <= kMaxSmem;
+  return M >= 1 && M <= kGemvMaxRows && K > 0 && K % 256 == 0 &&
+         static_cast<size_t>(M + 1) * K * sizeof(bf16) <= kMaxSmem;
 }
 
 cudaError_t launch_gemv(const GemvArgs& a, LaunchConfig launch) {

@@ -199,6 +199,7 @@ struct GemvArgs {
   // row's largest dev::argmax_key (its first maximum) for launch_sample_tokens.
   unsigned long long* argmax = nullptr;
 };
+// M input rows of K and one norm row fit the GEMV's shared memory; K % 256 == 0.
 bool gemv_supported(int M, int K);
 cudaError_t launch_gemv(const GemvArgs& args, LaunchConfig launch);
 
