@@ -31,8 +31,10 @@ constexpr bool kStageKv = kP == 64 && sizeof(dev::DecodeAttentionSmem<kHeadDim, 
 // kCluster: the kernel runs as clusters of the partitions of one (kv head,
 // sequence) (cluster dims 1 x max_partitions x 1), which combine through
 // distributed shared memory: no partial outputs in global memory, no counter.
+// (At most 170 registers: unbounded, ptxas spills the head_dim 64, group 5
+// instance; at 128, the head_dim 128, group 1 instance for sm_100.)
 template <int kHeadDim, int kGroup, int kP, bool kCluster>
-__global__ __launch_bounds__(dev::kDecodeThreads, 4) void decode_attention_kernel(AttentionArgs a) {
+__global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kernel(AttentionArgs a) {
   constexpr bool kStage = kStageKv<kHeadDim, kGroup, kP>;
   constexpr int kStride = kHeadDim + dev::kKvRowPad;
   __shared__ dev::DecodeAttentionSmem<kHeadDim, kGroup, kP> sm;
