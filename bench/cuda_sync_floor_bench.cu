@@ -112,6 +112,23 @@ void launch(void (*k)(KArgs...), int grid, bool pdl, cudaStream_t stream, Args..
   CHECK(cudaLaunchKernelEx(&cfg, k, args...));
 }
 
+// Milliseconds on `stream` for `times` calls of `enqueue` (event to event).
+template <class Enqueue>
+float stream_ms(cudaStream_t stream, int times, Enqueue enqueue) {
+  cudaEvent_t t0, t1;
+  CHECK(cudaEventCreate(&t0));
+  CHECK(cudaEventCreate(&t1));
+  CHECK(cudaEventRecord(t0, stream));
+  for (int i = 0; i < times; ++i) enqueue();
+  CHECK(cudaEventRecord(t1, stream));
+  CHECK(cudaEventSynchronize(t1));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, t0, t1));
+  CHECK(cudaEventDestroy(t0));
+  CHECK(cudaEventDestroy(t1));
+  return ms;
+}
+
 // Mean microseconds per step over `repeat` replays of a graph that `body` captures.
 template <class Body>
 double per_step_us(cudaStream_t stream, int steps, int repeat, Body body) {
@@ -122,17 +139,7 @@ double per_step_us(cudaStream_t stream, int steps, int repeat, Body body) {
   CHECK(cudaStreamEndCapture(stream, &graph));
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (int i = 0; i < 3; ++i) CHECK(cudaGraphLaunch(exec, stream));  // warm-up
-  cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0));
-  CHECK(cudaEventCreate(&t1));
-  CHECK(cudaEventRecord(t0, stream));
-  for (int i = 0; i < repeat; ++i) CHECK(cudaGraphLaunch(exec, stream));
-  CHECK(cudaEventRecord(t1, stream));
-  CHECK(cudaEventSynchronize(t1));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, t0, t1));
-  CHECK(cudaEventDestroy(t0));
-  CHECK(cudaEventDestroy(t1));
+  const float ms = stream_ms(stream, repeat, [&] { CHECK(cudaGraphLaunch(exec, stream)); });
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(graph));
   return 1000.0 * ms / repeat / steps;
@@ -206,16 +213,7 @@ int main(int argc, char** argv) {
       CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(persistent_kernel), sms, kThreads, args, 0, stream));
     };
     run();  // warm-up
-    cudaEvent_t t0, t1;
-    CHECK(cudaEventCreate(&t0));
-    CHECK(cudaEventCreate(&t1));
-    CHECK(cudaEventRecord(t0, stream));
-    for (int i = 0; i < repeat; ++i) run();
-    CHECK(cudaEventRecord(t1, stream));
-    CHECK(cudaEventSynchronize(t1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, t0, t1));
-    r["stage_grid_barrier_us"] = 1000.0 * ms / repeat / steps;
+    r["stage_grid_barrier_us"] = 1000.0 * stream_ms(stream, repeat, run) / repeat / steps;
   }
 
   // Copy bandwidth: 1 GiB device to device, read + write bytes per second.
@@ -225,16 +223,11 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&dst, bytes));
   CHECK(cudaMemsetAsync(src, 1, bytes, stream));
   CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
-  cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0));
-  CHECK(cudaEventCreate(&t1));
-  CHECK(cudaEventRecord(t0, stream));
-  for (int i = 0; i < 10; ++i) CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
-  CHECK(cudaEventRecord(t1, stream));
-  CHECK(cudaEventSynchronize(t1));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, t0, t1));
+  const float ms =
+      stream_ms(stream, 10, [&] { CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream)); });
   r["d2d_copy_GBps"] = 2.0 * bytes * 10 / (ms * 1e-3) / 1e9;
+  CHECK(cudaFree(src));
+  CHECK(cudaFree(dst));
 
   // siesta's decode GEMVs, Qwen3-0.6B at batch 1: 28 layers of distinct weights.
   {

@@ -281,14 +281,19 @@ __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh,
   return nparts;
 }
 
-// The combination of reduce_partitions below, over partitions whose (max, sum)
-// and output at (g, d) come from ml(p) (a float2-like pair) and o(p): the same
-// arithmetic in the same order, wherever the partials are.
+// The combination of a head's partitions at one dimension, in partition order,
+// from ml(p, 0 or 1) (partition p's max and sum) and o(p) (its normalised
+// output), wherever the partials are: global memory (reduce_partitions below)
+// or the shared memory of a cluster's CTAs. Unrolled so that each group of
+// loads goes out together (the loop is latency-bound); the order of the sums
+// stays partition order.
 template <class Ml, class O>
 __device__ __forceinline__ float combine_partitions(int nparts, Ml ml, O o) {
   float m = -INFINITY;
+#pragma unroll 8
   for (int p = 0; p < nparts; ++p) m = fmaxf(m, ml(p, 0));
   float num = 0.0f, den = 0.0f;
+#pragma unroll 8
   for (int p = 0; p < nparts; ++p) {
     const float w = ml(p, 1) * exp2f(ml(p, 0) - m);
     num += w * o(p);
@@ -303,19 +308,9 @@ __device__ __forceinline__ float combine_partitions(int nparts, Ml ml, O o) {
 template <int kHeadDim>
 __device__ float reduce_partitions(const AttentionArgs& a, int dslot, int h, int nparts, int d) {
   const size_t base = (static_cast<size_t>(dslot) * a.num_heads + h) * a.partial_parts;
-  // Unrolled so that each group of loads goes out together (the loop is
-  // latency-bound); the order of the sums stays partition order.
-  float m = -INFINITY;
-#pragma unroll 8
-  for (int p = 0; p < nparts; ++p) m = fmaxf(m, __ldcg(a.partial_ml + (base + p) * 2));
-  float num = 0.0f, den = 0.0f;
-#pragma unroll 8
-  for (int p = 0; p < nparts; ++p) {
-    const float w = __ldcg(a.partial_ml + (base + p) * 2 + 1) * exp2f(__ldcg(a.partial_ml + (base + p) * 2) - m);
-    num += w * __ldcg(a.partial_out + (base + p) * kHeadDim + d);
-    den += w;
-  }
-  return num / den;
+  return combine_partitions(
+      nparts, [&](int p, int k) { return __ldcg(a.partial_ml + (base + p) * 2 + k); },
+      [&](int p) { return __ldcg(a.partial_out + (base + p) * kHeadDim + d); });
 }
 
 }  // namespace siesta::cuda::dev
