@@ -18,7 +18,8 @@
 // And the device-to-device copy bandwidth, for the bytes side of the floor; and
 // siesta's own decode GEMVs alone, with Qwen3-0.6B's shapes at batch 1 (QKV,
 // O, gate/up, down: 28 layers of distinct weights in a graph, with and without
-// programmatic launch), per layer: what the projections cost without attention.
+// programmatic launch), per layer: what the projections cost without attention;
+// and the same chain reading one layer's weights 28 times (from L2).
 #include <cuda_runtime.h>
 
 #include <nlohmann/json.hpp>
@@ -244,9 +245,11 @@ int main(int argc, char** argv) {
     CHECK(siesta::cuda::launch_fill_random_bf16(w, per_layer * layers, 1, 0.05f, stream));
     CHECK(siesta::cuda::launch_fill_random_bf16(act, H + QKV + QD + 2 * I, 2, 1.0f, stream));
     bf16 *x = act, *qkv = x + H, *attn = qkv + QKV, *gu = attn + QD;
-    auto chain = [&](bool pdl) {
+    // hot: every layer reads layer 0's weights, which stay in L2 (31.5 MB of its
+    // 50): what the same chain costs when its bytes come at L2 rather than HBM speed.
+    auto chain = [&](bool pdl, bool hot) {
       for (int l = 0; l < layers; ++l) {
-        const bf16* lw = w + per_layer * l;
+        const bf16* lw = w + per_layer * (hot ? 0 : l);
         const bf16 *wqkv = lw, *wo = wqkv + static_cast<size_t>(QKV) * H, *wgu = wo + static_cast<size_t>(H) * QD;
         const bf16 *wd = wgu + static_cast<size_t>(2 * I) * H, *norm = wd + static_cast<size_t>(H) * I;
         const siesta::cuda::LaunchConfig lc(stream, pdl);
@@ -256,8 +259,9 @@ int main(int argc, char** argv) {
         CHECK(launch_gemv(GemvArgs{gu, nullptr, 0.0f, wd, 1, H, I, GemvInput::kSiluMul, GemvOutput::kAddBf16, x}, lc));
       }
     };
-    r["gemv_layer_pdl_us"] = per_step_us(stream, layers, repeat, [&] { chain(true); });
-    r["gemv_layer_us"] = per_step_us(stream, layers, repeat, [&] { chain(false); });
+    r["gemv_layer_pdl_us"] = per_step_us(stream, layers, repeat, [&] { chain(true, false); });
+    r["gemv_layer_us"] = per_step_us(stream, layers, repeat, [&] { chain(false, false); });
+    r["gemv_layer_pdl_l2_hot_us"] = per_step_us(stream, layers, repeat, [&] { chain(true, true); });
     r["gemv_layer_bytes"] = per_layer * sizeof(bf16);
     CHECK(cudaFree(w));
     CHECK(cudaFree(act));

@@ -263,6 +263,58 @@ TEST_F(CudaKernels, QkNormRopeWritesQAndThePagedCache) {
     // Slot -1 (padding) wrote nothing: block 1 is still poison.
     const size_t b1 = ((1ull * L + layer) * 2) * 16 * kvd;
     EXPECT_TRUE(std::isnan(cache[b1]));
+
+    // Decode attention of a pure decode pass does this work itself for the new
+    // token (its own code: dev::norm_rope_head): each token as a one-token
+    // sequence must leave the same K and V bits in a second cache, and, with
+    // one position to attend to, V itself as the output of every query head.
+    std::vector<int32_t> seq(T), ones(T, 1), tables(T, 0);
+    std::iota(seq.begin(), seq.end(), 0);
+    DeviceArray<int32_t> d_seq(T), d_ones(T), d_tables(T);
+    d_seq.upload(seq);
+    d_ones.upload(ones);
+    d_tables.upload(tables);
+    Bf16Array d_cache2(cache_elems), d_out(static_cast<size_t>(T) * qd);
+    AttentionArgs a;
+    a.out = B(d_out);
+    a.kv = {B(d_cache2), L, kvh, hd};
+    a.layer = layer;
+    a.num_heads = heads;
+    a.num_kv_heads = kvh;
+    a.head_dim = hd;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    a.seq_q_start = d_seq.get();
+    a.seq_q_len = d_ones.get();
+    a.seq_kv_len = d_ones.get();
+    a.seq_table_start = d_seq.get();
+    a.block_tables = d_tables.get();
+    a.decode_seqs = d_seq.get();
+    a.partition_tokens = 64;
+    a.qkv = B(d_qkv);
+    a.positions = d_pos.get();
+    a.slots = d_slots.get();
+    a.q_norm = B(d_qn);
+    a.k_norm = B(d_kn);
+    a.rope_table = d_rope.get();
+    a.eps = 1e-6f;
+    CUDA_OK(launch_decode_attention(a, T, 1, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto bits = d_cache.download(), bits2 = d_cache2.download(), out_bits = d_out.download();
+    for (int t = 0; t < T; ++t) {
+      if (slots[t] < 0) continue;
+      const int blk = slots[t] / 16, off = slots[t] % 16;
+      for (int kind = 0; kind < 2; ++kind) {
+        const size_t base = ((static_cast<size_t>(blk) * L + layer) * 2 + kind) * 16 * kvd + off * kvd;
+        EXPECT_TRUE(std::equal(bits.begin() + base, bits.begin() + base + kvd, bits2.begin() + base))
+            << "head_dim " << hd << ", token " << t << (kind ? ", V" : ", K");
+        if (kind == 0) continue;
+        for (int h = 0; h < heads; ++h)
+          EXPECT_TRUE(std::equal(out_bits.begin() + (static_cast<size_t>(t) * heads + h) * hd,
+                                 out_bits.begin() + (static_cast<size_t>(t) * heads + h + 1) * hd,
+                                 bits.begin() + base + (h / (heads / kvh)) * hd))
+              << "head_dim " << hd << ", token " << t << ", head " << h;
+      }
+    }
   }
 }
 

@@ -49,39 +49,13 @@ constexpr int kPhases = 4;      // QKV, O, gate/up, down
 constexpr int kSyncCounters = 32;  // sync[kSyncCounters + dslot * kv_heads + kv head]
 constexpr int kRowPad = dev::kKvRowPad;  // bf16 after each K/V row in shared memory
 
+using dev::bulk_copy;
+using dev::mbar_arrive;
+using dev::mbar_expect_tx;
+using dev::mbar_init;
+using dev::mbar_wait;
 using dev::round_bf16;
-
-// ---- shared-memory mbarriers and bulk copies (sm_90) ----
-
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-  unsigned done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
+using dev::smem_addr;
 
 // The consumer warps' barrier (the producer warp runs on its own).
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 2, %0;" ::"n"(kThreads) : "memory"); }
@@ -524,8 +498,7 @@ __global__ __launch_bounds__(kBlockThreads, 1) void fused_decode_kernel(const __
     }
     mbar_init(&norm_bar[0], 1);
     mbar_init(&norm_bar[1], 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    dev::mbar_init_fence();
   }
   __syncthreads();
   if (threadIdx.x >= kThreads) {  // the producer warp

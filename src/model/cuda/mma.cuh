@@ -12,11 +12,9 @@
 
 #include <cstdint>
 
-namespace siesta::cuda::dev {
+#include "model/cuda/device_util.cuh"  // smem_addr
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+namespace siesta::cuda::dev {
 
 // Copies 16 bytes, or writes 16 zero bytes when !valid (gmem is then not read).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
