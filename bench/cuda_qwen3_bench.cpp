@@ -5,7 +5,7 @@
 //
 //   cuda_qwen3_bench --model DIR [--out results.json] [--hf hf_baseline.json]
 //                    [--batches 1,32,128] [--prompt 128] [--gen 128] [--prefill 512,4096]
-//                    [--commit SHA] [--no-invariant] [--profile]
+//                    [--commit SHA] [--no-invariant] [--profile] [--trace]
 //
 // Decode: B sequences with random prompts of --prompt tokens are prefilled,
 // then --gen steps run through CudaQwen3::forward_sample (greedy on the GPU,
@@ -24,6 +24,10 @@
 // and of each prefill, in the default mode, and of each prefill again on the
 // mma.sync attention kernel (prefill_N_mma: compare its attention_prefill with
 // prefill_N's).
+// --trace: the timeline of the last batch-1 decode step, graphs and programmatic
+// launch on (CudaModelOptions::trace): per kernel of a layer, when its CTAs
+// start, pass the wait for the previous kernel and end, as means over the
+// layers, each relative to the previous kernel's end ("trace" in the JSON).
 #if defined(SIESTA_HAVE_CUDA)
 
 #include <nlohmann/json.hpp>
@@ -35,6 +39,7 @@
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -58,6 +63,7 @@ struct Args {
   int prompt = 128, gen = 128;
   bool invariant = true;
   bool profile = false;
+  bool trace = false;
 };
 
 std::vector<int> parse_list(const std::string& s) {
@@ -189,6 +195,7 @@ int main(int argc, char** argv) {
     else if (k == "--gen") a.gen = std::stoi(next());
     else if (k == "--no-invariant") a.invariant = false;
     else if (k == "--profile") a.profile = true;
+    else if (k == "--trace") a.trace = true;
     else fail("unknown argument " + k);
   }
   if (a.model.empty()) fail("--model DIR is required");
@@ -362,6 +369,60 @@ int main(int argc, char** argv) {
     }
   }
 
+  json trace;
+  if (a.trace) {
+    CudaModelOptions opt;
+    opt.trace = true;
+    opt.max_model_len = a.prompt + a.gen;
+    auto model = check(CudaQwen3::load(a.model, alloc, opt), "loading " + a.model);
+    const siesta::cuda::DeviceBuffer kv =
+        check(model->allocate_kv_cache((a.prompt + a.gen + 15) / 16), "allocating the KV cache");
+    run_decode(*model, kv, 1, a.prompt, a.gen, 1);
+    const DecodeResult r = run_decode(*model, kv, 1, a.prompt, a.gen, 1);
+    const std::vector<siesta::KernelTrace> t = model->trace();
+    // Per kernel of a layer (layers 1 to L - 2): ns from the previous kernel's
+    // end to this one's first CTA start, first / last CTA past the wait, its
+    // marks and its end (negative: before the previous kernel ended).
+    constexpr int kWords = siesta::KernelTrace::kMarks, kEnd = kWords - 1;
+    static const char* const kMarks[kWords] = {"start", "wait_first", "wait_last", "mark3", "mark4", "mark5", "end"};
+    json per_kernel = json::object();
+    std::vector<std::string> order;
+    std::map<std::string, std::vector<double>> sums;
+    std::map<std::string, int> counts;
+    for (size_t i = 1; i < t.size(); ++i) {
+      if (t[i].layer < 1 || t[i].layer > cfg.num_layers - 2) continue;
+      const double prev_end = t[i - 1].marks[kEnd];
+      auto& v = sums[t[i].kernel];
+      if (v.empty()) {
+        v.assign(kWords, 0.0);
+        order.push_back(t[i].kernel);
+      }
+      for (int j = 0; j < kWords; ++j) v[j] += t[i].marks[j] < 0 ? 0.0 : t[i].marks[j] - prev_end;
+      ++counts[t[i].kernel];
+    }
+    std::printf("trace, batch 1 (%.3f ms/step): ns after the previous kernel's end, mean over layers\n", r.ms_per_step);
+    double layer_ns = 0;
+    for (const std::string& k : order) {
+      json j;
+      std::printf("  %-10s", k.c_str());
+      for (int m = 0; m < kWords; ++m) {
+        const double ns = sums[k][m] / counts[k];
+        j[kMarks[m]] = ns;
+        std::printf(" %s %7.0f", kMarks[m], ns);
+      }
+      std::printf("\n");
+      layer_ns += j["end"].get<double>();
+      per_kernel[k] = j;
+    }
+    std::printf("  layer: %.0f ns from one down projection's end to the next\n", layer_ns);
+    json launches = json::array();
+    for (const auto& k : t)
+      launches.push_back(
+          {{"kernel", k.kernel}, {"layer", k.layer}, {"marks_ns", std::vector<double>(k.marks, k.marks + kWords)}});
+    trace = {{"ms_per_step", r.ms_per_step}, {"per_kernel_mean_ns", per_kernel}, {"layer_ns", layer_ns},
+             {"launches", launches}};
+  }
+
   json hf;
   if (!a.hf.empty()) {
     std::ifstream f(a.hf);
@@ -396,6 +457,7 @@ int main(int argc, char** argv) {
       {"modes", modes},
       {"hf_baseline", hf},
       {"profile", profile},
+      {"trace", trace},
       {"targets", targets}};
 
   // One table.

@@ -46,6 +46,10 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
   bf16* const k_s = kv_s;
   bf16* const v_s = kv_s + (kStage ? kP * kStride : 0);
   dev::allow_next_kernel();
+  // The timeline (kernels.h: kTraceCtas) of the 64-token partitions that small
+  // decode batches take; not compiled for the others (registers).
+  unsigned long long* const trace = kP == 64 ? a.trace : nullptr;
+  dev::trace_start(trace);
   // Before waiting for the previous kernel, what does not depend on it: the
   // step metadata (uploaded before the pass's first kernel), the RoPE row and
   // norm weights, and the cached rows of this partition (every position but
@@ -77,6 +81,7 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
   dev::wait_for_previous_kernel();
+  dev::trace_waited(trace);
   const bf16* q_group = a.q + (static_cast<size_t>(row) * a.num_heads + kvh * kGroup) * kHeadDim;
   if (a.qkv) {
     // q/k norm + RoPE here (qk_norm_rope_kv's arithmetic): the group's query
@@ -119,6 +124,7 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
     }
     q_group = q_normed;
   }
+  dev::trace_mark(trace, 3);
   int nparts = 0;
   if constexpr (kStage) {
     asm volatile("cp.async.wait_all;" ::: "memory");
@@ -132,26 +138,43 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
                                                               dev::cache_rows(a, dslot, kvh), sm,
                                                               [] { __syncthreads(); }, kCluster);
   }
+  dev::trace_mark(trace, 4);
   bf16* out_row = a.out + static_cast<size_t>(row) * a.num_heads * kHeadDim;
   if constexpr (kCluster) {
     // Every CTA of the cluster reaches both barriers (none returns early): the
     // first publishes the partials, the second keeps them alive while read.
-    // Partition 0 combines them in partition order.
+    // Partition 0 combines them in partition order, each value's partials
+    // first read from the other CTAs' shared memory all at once (one round
+    // trip of distributed shared memory, not one per step of the combination).
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();
     if (part == 0 && nparts > 1) {
       for (int i = threadIdx.x; i < kGroup * kHeadDim; i += dev::kDecodeThreads) {
         const int g = i / kHeadDim, d = i % kHeadDim;
-        const float val = dev::combine_partitions(
-            nparts, [&](int p, int k) { return cluster.map_shared_rank(&sm.stat[g][0], p)[k]; },
-            [&](int p) { return *cluster.map_shared_rank(&sm.red[0][g][d], p); });
+        float ml[kMaxClusterPartitions][2], o[kMaxClusterPartitions];
+#pragma unroll
+        for (int p = 0; p < kMaxClusterPartitions; ++p) {
+          if (p < nparts) {
+            const float* stat = cluster.map_shared_rank(&sm.stat[g][0], p);
+            ml[p][0] = stat[0];
+            ml[p][1] = stat[1];
+            o[p] = *cluster.map_shared_rank(&sm.red[0][g][d], p);
+          }
+        }
+        const float val = dev::combine_partitions(nparts, [&](int p, int k) { return ml[p][k]; },
+                                                  [&](int p) { return o[p]; });
         out_row[(kvh * kGroup + g) * kHeadDim + d] = __float2bfloat16(val);
       }
     }
+    dev::trace_mark(trace, 5);
     cluster.sync();
+    dev::trace_mark(trace, kTraceEnd);
     return;
   }
-  if (a.partition_done == nullptr || nparts <= 1 || part >= nparts) return;
+  if (a.partition_done == nullptr || nparts <= 1 || part >= nparts) {
+    dev::trace_mark(trace, kTraceEnd);
+    return;
+  }
   // The last CTA of (sequence, kv head) to finish combines the partitions. The
   // count's release publishes this CTA's partial outputs (written before the
   // barrier), its acquire makes the others' visible; reduce_partitions reads
@@ -165,13 +188,18 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
     last = before == static_cast<uint32_t>(nparts - 1);
   }
   __syncthreads();
-  if (!last) return;
+  dev::trace_mark(trace, 5);
+  if (!last) {
+    dev::trace_mark(trace, kTraceEnd);
+    return;
+  }
   for (int i = threadIdx.x; i < kGroup * kHeadDim; i += dev::kDecodeThreads) {
     const int g = i / kHeadDim, d = i % kHeadDim;
     out_row[(kvh * kGroup + g) * kHeadDim + d] =
         __float2bfloat16(dev::reduce_partitions<kHeadDim>(a, dslot, kvh * kGroup + g, nparts, d));
   }
   if (threadIdx.x == 0) *done = 0;  // for the next layer (the kernel's end orders it before)
+  dev::trace_mark(trace, kTraceEnd);
 }
 
 // Combines the partitions of each (sequence, head) in partition order.

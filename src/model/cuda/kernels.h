@@ -35,6 +35,17 @@ struct LaunchConfig {
   bool overlap;
 };
 
+// A launch's timeline (CudaModelOptions::trace), %globaltimer readings in ns
+// stored without atomics (so that recording does not serialise the CTAs):
+// kTraceCtaWords words for each of the first kTraceCtas CTAs. Word 0: the CTA's
+// start, 1: it passed griddepcontrol.wait; then for each of kTraceMarks per-warp
+// marks (kernel-specific marks 3 to kTraceEnd - 1, then kTraceEnd = the warp's
+// end) eight words, one per warp. Zero = not reached.
+inline constexpr int kTraceCtas = 264;
+inline constexpr int kTraceMarks = 4;
+inline constexpr int kTraceEnd = 2 + kTraceMarks;
+inline constexpr int kTraceCtaWords = 8 + 8 * kTraceMarks;
+
 inline constexpr int kKvBlockSize = 16;
 // Decode attention splits a sequence's context into partitions of this many
 // tokens (then reduces them in partition order): this default, 64 for decode
@@ -135,6 +146,11 @@ struct AttentionArgs {
   // keeps a row's result independent of its batch and chunking; at head_dim 128 the two differ
   // by rounding. The model chooses per pass (CudaModelOptions::prefill_warp_rows).
   int prefill_warp_rows = 32;
+  // Decode: optional timeline (kTraceCtas x kTraceCtaWords), recorded with
+  // 64-token partitions; marks: 3 q/k norm done, 4 the partition's output, 5
+  // partitions combined (cluster: by partition 0; else counted, or reduced by
+  // the last CTA), then the end.
+  unsigned long long* trace = nullptr;
 };
 
 // Query heads per kv head that the attention kernels are compiled for: 1 to 8 (Qwen3 uses 2, 4, 5, 8).
@@ -198,6 +214,8 @@ struct GemvArgs {
   // Optional, with kLogits: M words, zero before the launch, that end as each
   // row's largest dev::argmax_key (its first maximum) for launch_sample_tokens.
   unsigned long long* argmax = nullptr;
+  // Optional timeline (kTraceCtas x kTraceCtaWords): start, wait, end.
+  unsigned long long* trace = nullptr;
 };
 // M input rows of K and one norm row fit the GEMV's shared memory; K % 256 == 0.
 bool gemv_supported(int M, int K);

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <compare>
 #include <cstddef>
@@ -193,6 +194,11 @@ struct CudaQwen3::Impl {
   std::byte* meta = nullptr;
   int32_t* sampled = nullptr;
   unsigned long long* fused_profile = nullptr;  // [sm_count, kFusedDecodeProfileWords] (options.profile)
+  // options.trace: the timelines of a small-batch pass's trace_slots() launches (5 per layer).
+  unsigned long long* trace_buf = nullptr;
+  int trace_slots() const { return 5 * cfg.num_layers; }
+  static constexpr size_t kTraceLaunchWords = static_cast<size_t>(cuda::kTraceCtas) * cuda::kTraceCtaWords;
+  unsigned long long* trace_at(int slot) const { return trace_buf ? trace_buf + slot * kTraceLaunchWords : nullptr; }
   bool fused_profiled = false;                  // the fused kernel ran since the last collect_profile
   size_t meta_capacity = 0;
   int logits_rows_cap = 0;
@@ -409,6 +415,8 @@ Result<void> CudaQwen3::Impl::init_buffers() {
   const size_t meta_off = take(meta_capacity);
   const size_t sampled_off = take(S * 4);
   const size_t fused_profile_off = take(static_cast<size_t>(sm_count) * cuda::kFusedDecodeProfileWords * 8);
+  const size_t trace_bytes = opt.trace ? trace_slots() * kTraceLaunchWords * 8 : 0;
+  const size_t trace_off = take(trace_bytes);
   SIESTA_ASSIGN_OR_RETURN(scratch, cuda::DeviceBuffer::allocate(*alloc, at, cuda::DeviceMemoryTag::kScratch));
   std::byte* b = scratch.as<std::byte>();
   x = reinterpret_cast<bf16*>(b + x_off);
@@ -427,6 +435,7 @@ Result<void> CudaQwen3::Impl::init_buffers() {
   meta = b + meta_off;
   sampled = reinterpret_cast<int32_t*>(b + sampled_off);
   fused_profile = reinterpret_cast<unsigned long long*>(b + fused_profile_off);
+  if (opt.trace) trace_buf = reinterpret_cast<unsigned long long*>(b + trace_off);
 
   SIESTA_CUDA_TRY(cudaMallocHost(&host_meta, meta_capacity), "allocating pinned host memory for step metadata");
   SIESTA_CUDA_TRY(cudaMallocHost(&host_sampled, S * 4), "allocating pinned host memory for sampled tokens");
@@ -604,12 +613,18 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
   // the O projection's GEMV staging as well was measured: no gain at batch 1,
   // 3% slower at batch 8, where every GEMV CTA repeats the combination.)
   const bool decode_only = pure_decode(p);
+  const bool traced = small && trace_buf;
+  if (traced) {
+    SIESTA_CUDA_TRY(cudaMemsetAsync(trace_buf, 0, trace_slots() * kTraceLaunchWords * 8, stream), "clearing the trace");
+  }
+  auto trace_slot = [&](int slot) { return traced ? trace_at(slot) : nullptr; };
 
   for (int l = 0; l < cfg.num_layers; ++l) {
     const LayerWeights& w = layers[l];
     if (small) {
       cuda::GemvArgs g{x, w.input_norm, eps(), w.qkv, T, qkv_cols(), H, cuda::GemvInput::kRmsNorm,
                        cuda::GemvOutput::kBf16, qkv};
+      g.trace = trace_slot(5 * l);
       SIESTA_CUDA_TRY(cuda::launch_gemv(g, launch()), "QKV projection (GEMV)");
       mark("qkv_gemv");
     } else {
@@ -630,6 +645,7 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
     aa.layer = l;
     aa.q_norm = w.q_norm;
     aa.k_norm = w.k_norm;
+    aa.trace = trace_slot(5 * l + 1);
     SIESTA_CUDA_TRY(cuda::launch_decode_attention(aa, p.D, p.max_partitions, launch()), "decode attention");
     if (p.D > 0) mark("attention_decode");
     if (use_prefill_wgmma()) {
@@ -640,13 +656,16 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
     if (p.W > 0) mark("attention_prefill");
     if (small) {
       cuda::GemvArgs o{attn, nullptr, 0.0f, w.o, T, H, QD, cuda::GemvInput::kPlain, cuda::GemvOutput::kAddBf16, x};
+      o.trace = trace_slot(5 * l + 2);
       SIESTA_CUDA_TRY(cuda::launch_gemv(o, launch()), "output projection (GEMV)");
       mark("o_gemv");
       cuda::GemvArgs gup{x, w.post_norm, eps(), w.gate_up, T, 2 * I, H, cuda::GemvInput::kRmsNorm,
                          cuda::GemvOutput::kBf16, gu};
+      gup.trace = trace_slot(5 * l + 3);
       SIESTA_CUDA_TRY(cuda::launch_gemv(gup, launch()), "gate/up projection (GEMV)");
       mark("gate_up_gemv");
       cuda::GemvArgs down{gu, nullptr, 0.0f, w.down, T, H, I, cuda::GemvInput::kSiluMul, cuda::GemvOutput::kAddBf16, x};
+      down.trace = trace_slot(5 * l + 4);
       SIESTA_CUDA_TRY(cuda::launch_gemv(down, launch()), "down projection (GEMV)");
       mark("down_gemv");
     } else {
@@ -951,6 +970,47 @@ Result<void> CudaQwen3::reload_weights(const std::filesystem::path& model_dir) {
   return {};
 }
 std::vector<std::pair<std::string, double>> CudaQwen3::profile() const { return impl_->profile_ms; }
+
+std::vector<KernelTrace> CudaQwen3::trace() const {
+  const Impl& m = *impl_;
+  std::vector<KernelTrace> out;
+  if (!m.trace_buf || cudaStreamSynchronize(m.stream) != cudaSuccess) return out;
+  std::vector<unsigned long long> w(m.trace_slots() * Impl::kTraceLaunchWords);
+  if (cudaMemcpy(w.data(), m.trace_buf, w.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess) return out;
+  static const char* const kKernels[] = {"qkv", "attention", "o", "gate_up", "down"};
+  // Per launch: first start, first and last wait, and the last warp at each mark.
+  constexpr int kWords = 3 + cuda::kTraceMarks;
+  static_assert(kWords == KernelTrace::kMarks);
+  std::vector<std::array<unsigned long long, kWords>> r(m.trace_slots());
+  unsigned long long t0 = ~0ull;
+  for (int i = 0; i < m.trace_slots(); ++i) {
+    std::array<unsigned long long, kWords> v{};
+    v[0] = v[1] = ~0ull;
+    for (int c = 0; c < cuda::kTraceCtas; ++c) {
+      const unsigned long long* cw = &w[i * Impl::kTraceLaunchWords + static_cast<size_t>(c) * cuda::kTraceCtaWords];
+      if (cw[0]) v[0] = std::min(v[0], cw[0]);
+      if (cw[1]) {
+        v[1] = std::min(v[1], cw[1]);
+        v[2] = std::max(v[2], cw[1]);
+      }
+      for (int k = 0; k < cuda::kTraceMarks; ++k)
+        for (int warp = 0; warp < 8; ++warp) v[3 + k] = std::max(v[3 + k], cw[8 + 8 * k + warp]);
+    }
+    if (v[0] != ~0ull) t0 = std::min(t0, v[0]);
+    r[i] = v;
+  }
+  for (int i = 0; i < m.trace_slots(); ++i) {
+    KernelTrace k;
+    k.kernel = kKernels[i % 5];
+    k.layer = i / 5;
+    for (int j = 0; j < kWords; ++j) {
+      const unsigned long long v = r[i][j];
+      k.marks[j] = v != 0 && v != ~0ull ? static_cast<double>(static_cast<long long>(v - t0)) : -1.0;
+    }
+    out.push_back(k);
+  }
+  return out;
+}
 void CudaQwen3::reset_profile() { impl_->profile_ms.clear(); }
 
 Result<cuda::DeviceBuffer> CudaQwen3::allocate_kv_cache(int num_blocks) {

@@ -94,6 +94,24 @@ struct CudaModelOptions {
   // Time each kernel group with CUDA events between eager launches (no graphs);
   // read with CudaQwen3::profile(). For finding where time goes, not for speed.
   bool profile = false;
+  // Record the timeline of each decode GEMV and decode attention launch of
+  // the small-batch path (kernels.h: kTraceCtas), overwritten by every such
+  // pass; read with CudaQwen3::trace(). Graphs and programmatic launch stay on:
+  // this shows how the dependent kernels of a step overlap. A few stores per
+  // warp, and a memset of ~12 MB per pass (0.6B shape).
+  bool trace = false;
+};
+
+// One launch of CudaQwen3::trace(): its kernel and layer, and its marks in ns
+// from the first launch's start (-1: not reached). marks[0] the first CTA's
+// start, [1] / [2] the first / last CTA past the wait for the previous kernel,
+// [3] to [kTraceEnd - 1] the last warp at the kernel's own marks (kernels.h),
+// [kTraceEnd] the last warp's end.
+struct KernelTrace {
+  std::string kernel;
+  int layer = -1;
+  static constexpr int kMarks = 7;  // 3 + cuda::kTraceMarks (kernels.h)
+  double marks[kMarks] = {};
 };
 
 // forward_sample's result: one token per sequence of the batch. A row the
@@ -161,6 +179,8 @@ class CudaQwen3 final : public Model {
   // in order of first appearance ("qkv", "attention_decode", "lm_head", ...).
   std::vector<std::pair<std::string, double>> profile() const;
   void reset_profile();
+  // With options.trace: the last small-batch pass's launches, in order.
+  std::vector<KernelTrace> trace() const;
   size_t num_graphs() const;  // decode graphs captured so far
   size_t weight_bytes() const;
   size_t scratch_bytes() const;
