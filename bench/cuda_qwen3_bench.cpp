@@ -385,7 +385,7 @@ int main(int argc, char** argv) {
     // marks and its end (negative: before the previous kernel ended).
     constexpr int kWords = siesta::KernelTrace::kMarks, kEnd = kWords - 1;
     static const char* const kMarks[kWords] = {"start", "wait_first", "wait_last", "mark3", "mark4", "mark5", "end"};
-    json per_kernel = json::object();
+    json per_kernel = json::array();
     std::vector<std::string> order;
     std::map<std::string, std::vector<double>> sums;
     std::map<std::string, int> counts;
@@ -403,7 +403,7 @@ int main(int argc, char** argv) {
     std::printf("trace, batch 1 (%.3f ms/step): ns after the previous kernel's end, mean over layers\n", r.ms_per_step);
     double layer_ns = 0;
     for (const std::string& k : order) {
-      json j;
+      json j = {{"kernel", k}};
       std::printf("  %-10s", k.c_str());
       for (int m = 0; m < kWords; ++m) {
         const double ns = sums[k][m] / counts[k];
@@ -412,7 +412,7 @@ int main(int argc, char** argv) {
       }
       std::printf("\n");
       layer_ns += j["end"].get<double>();
-      per_kernel[k] = j;
+      per_kernel.push_back(j);
     }
     std::printf("  layer: %.0f ns from one down projection's end to the next\n", layer_ns);
     json launches = json::array();

@@ -70,6 +70,17 @@ if b:
         top = sorted(((k, v) for k, v in prof.items() if k != "total"), key=lambda kv: -kv[1])[:6]
         rows.append((f"profile {name} (ms)", f"total {prof.get('total', 0):.3f}",
                      ", ".join(f"{k} {v:.3f}" for k, v in top)))
+    tr = b.get("trace") or {}
+    if tr.get("per_kernel_mean_ns"):
+        # Each kernel of a batch-1 layer: from the previous kernel's end to its own (us).
+        parts = ", ".join(f"{v['kernel']} {v['end'] / 1e3:.1f}" for v in tr["per_kernel_mean_ns"])
+        att = next((v for v in tr["per_kernel_mean_ns"] if v["kernel"] == "attention"), {})
+        rows.append(("decode batch 1, one layer (us)", f"{tr['layer_ns'] / 1e3:.1f}", parts))
+        if att:
+            rows.append(("  attention after the QKV end (us)",
+                         f"wait {att['wait_first'] / 1e3:.1f}-{att['wait_last'] / 1e3:.1f}",
+                         f"q/k norm {att['mark3'] / 1e3:.1f}, partition {att['mark4'] / 1e3:.1f}, "
+                         f"combined {att['mark5'] / 1e3:.1f}, end {att['end'] / 1e3:.1f}"))
     for t in b.get("targets", []):
         rows.append((f"target: {t['name']}", f"{t['measured']:.3f}", f"{'met' if t['met'] else 'MISSED'} (target {t['target']})"))
 
@@ -81,8 +92,9 @@ if f:
                  f"empty kernel {s['empty_kernel_us']:.2f} / +PDL {s['empty_kernel_pdl_us']:.2f}; "
                  f"x{s['steps']}: {s['steps'] * min(s['stage_kernel_pdl_us'], s['stage_grid_barrier_us']) / 1000:.3f} ms"))
     if "gemv_layer_pdl_us" in s:
+        hot = f", weights in L2 {s['gemv_layer_pdl_l2_hot_us']:.1f}" if "gemv_layer_pdl_l2_hot_us" in s else ""
         rows.append(("0.6B decode GEMVs alone, per layer (us)", f"{s['gemv_layer_pdl_us']:.1f} (PDL), {s['gemv_layer_us']:.1f}",
-                     f"bytes at copy bandwidth {s['gemv_layer_bytes'] / s['d2d_copy_GBps'] / 1e3:.1f}"))
+                     f"bytes at copy bandwidth {s['gemv_layer_bytes'] / s['d2d_copy_GBps'] / 1e3:.1f}{hot}"))
 
 for name in ("memory_cuda_offload_staged.json", "memory_cuda_offload_staged_8threads.json",
              "memory_cuda_offload_pinned.json"):
