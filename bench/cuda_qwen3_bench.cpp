@@ -28,6 +28,7 @@
 // launch on (CudaModelOptions::trace): per kernel of a layer, when its CTAs
 // start, pass the wait for the previous kernel and end, as means over the
 // layers, each relative to the previous kernel's end ("trace" in the JSON).
+// Needs a build with -DSIESTA_CUDA_TRACE=ON (the kernels' marks).
 #if defined(SIESTA_HAVE_CUDA)
 
 #include <nlohmann/json.hpp>

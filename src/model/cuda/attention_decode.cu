@@ -143,26 +143,15 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
   if constexpr (kCluster) {
     // Every CTA of the cluster reaches both barriers (none returns early): the
     // first publishes the partials, the second keeps them alive while read.
-    // Partition 0 combines them in partition order, each value's partials
-    // first read from the other CTAs' shared memory all at once (one round
-    // trip of distributed shared memory, not one per step of the combination).
+    // Partition 0 combines them in partition order.
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();
     if (part == 0 && nparts > 1) {
       for (int i = threadIdx.x; i < kGroup * kHeadDim; i += dev::kDecodeThreads) {
         const int g = i / kHeadDim, d = i % kHeadDim;
-        float ml[kMaxClusterPartitions][2], o[kMaxClusterPartitions];
-#pragma unroll
-        for (int p = 0; p < kMaxClusterPartitions; ++p) {
-          if (p < nparts) {
-            const float* stat = cluster.map_shared_rank(&sm.stat[g][0], p);
-            ml[p][0] = stat[0];
-            ml[p][1] = stat[1];
-            o[p] = *cluster.map_shared_rank(&sm.red[0][g][d], p);
-          }
-        }
-        const float val = dev::combine_partitions(nparts, [&](int p, int k) { return ml[p][k]; },
-                                                  [&](int p) { return o[p]; });
+        const float val = dev::combine_partitions(
+            nparts, [&](int p, int k) { return cluster.map_shared_rank(&sm.stat[g][0], p)[k]; },
+            [&](int p) { return *cluster.map_shared_rank(&sm.red[0][g][d], p); });
         out_row[(kvh * kGroup + g) * kHeadDim + d] = __float2bfloat16(val);
       }
     }

@@ -58,18 +58,22 @@ __device__ __forceinline__ unsigned long long* trace_words(unsigned long long* t
 }
 // Thread 0 of each CTA: its start, or its passing the wait for the previous kernel.
 __device__ __forceinline__ void trace_start(unsigned long long* trace) {
-  if (threadIdx.x == 0)
-    if (unsigned long long* w = trace_words(trace)) w[0] = global_ns();
+  if constexpr (kTraceCompiled)
+    if (threadIdx.x == 0)
+      if (unsigned long long* w = trace_words(trace)) w[0] = global_ns();
 }
 __device__ __forceinline__ void trace_waited(unsigned long long* trace) {
-  if (threadIdx.x == 0)
-    if (unsigned long long* w = trace_words(trace)) w[1] = global_ns();
+  if constexpr (kTraceCompiled)
+    if (threadIdx.x == 0)
+      if (unsigned long long* w = trace_words(trace)) w[1] = global_ns();
 }
 // Lane 0 of each warp (of the first eight) that gets there: mark 3 to kTraceEnd.
 __device__ __forceinline__ void trace_mark(unsigned long long* trace, int mark) {
-  const int warp = threadIdx.x >> 5;
-  if ((threadIdx.x & 31) == 0 && warp < 8)
-    if (unsigned long long* w = trace_words(trace)) w[8 + 8 * (mark - 3) + warp] = global_ns();
+  if constexpr (kTraceCompiled) {
+    const int warp = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0 && warp < 8)
+      if (unsigned long long* w = trace_words(trace)) w[8 + 8 * (mark - 3) + warp] = global_ns();
+  }
 }
 
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }

@@ -41,6 +41,12 @@ struct LaunchConfig {
 // start, 1: it passed griddepcontrol.wait; then for each of kTraceMarks per-warp
 // marks (kernel-specific marks 3 to kTraceEnd - 1, then kTraceEnd = the warp's
 // end) eight words, one per warp. Zero = not reached.
+// The marks are compiled only in builds with SIESTA_CUDA_TRACE (CMake option).
+#if defined(SIESTA_CUDA_TRACE)
+inline constexpr bool kTraceCompiled = true;
+#else
+inline constexpr bool kTraceCompiled = false;
+#endif
 inline constexpr int kTraceCtas = 264;
 inline constexpr int kTraceMarks = 4;
 inline constexpr int kTraceEnd = 2 + kTraceMarks;

@@ -923,6 +923,8 @@ Result<std::unique_ptr<CudaQwen3>> CudaQwen3::create(const ModelConfig& cfg, con
                   "reading the device's SM count");
   impl->alloc = &allocator;
   if (impl->opt.profile) impl->opt.cuda_graphs = false;  // events between launches
+  if (options.trace && !cuda::kTraceCompiled)
+    return invalid_argument("CUDA model: trace needs a build with -DSIESTA_CUDA_TRACE=ON (its kernels carry the marks)");
   if (impl->opt.max_model_len <= 0)
     impl->opt.max_model_len = std::min(cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 32768, 32768);
   impl->gemv_ok = cuda::gemv_supported(1, H) && cuda::gemv_supported(1, cfg.q_dim()) &&

@@ -98,7 +98,9 @@ struct CudaModelOptions {
   // the small-batch path (kernels.h: kTraceCtas), overwritten by every such
   // pass; read with CudaQwen3::trace(). Graphs and programmatic launch stay on:
   // this shows how the dependent kernels of a step overlap. A few stores per
-  // warp, and a memset of ~12 MB per pass (0.6B shape).
+  // warp, and a memset of ~12 MB per pass (0.6B shape). Needs a build with the
+  // CMake option SIESTA_CUDA_TRACE (load fails otherwise), whose kernels carry
+  // the marks; in other builds they are not compiled.
   bool trace = false;
 };
 
