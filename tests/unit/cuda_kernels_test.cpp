@@ -96,6 +96,25 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   return md / std::max(mr, 1e-30);
 }
 
+// What every attention launch of these tests sets: the cache and its shape,
+// and the per-sequence metadata (device arrays).
+AttentionArgs attention_args(KvCacheDesc kv, int layer, int heads, const int32_t* q_start, const int32_t* q_len,
+                             const int32_t* kv_len, const int32_t* table_start, const int32_t* block_tables) {
+  AttentionArgs a;
+  a.kv = kv;
+  a.layer = layer;
+  a.num_heads = heads;
+  a.num_kv_heads = kv.num_kv_heads;
+  a.head_dim = kv.head_dim;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(kv.head_dim));
+  a.seq_q_start = q_start;
+  a.seq_q_len = q_len;
+  a.seq_kv_len = kv_len;
+  a.seq_table_start = table_start;
+  a.block_tables = block_tables;
+  return a;
+}
+
 class CudaKernels : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -275,19 +294,9 @@ TEST_F(CudaKernels, QkNormRopeWritesQAndThePagedCache) {
     d_ones.upload(ones);
     d_tables.upload(tables);
     Bf16Array d_cache2(cache_elems), d_out(static_cast<size_t>(T) * qd);
-    AttentionArgs a;
+    AttentionArgs a = attention_args({B(d_cache2), L, kvh, hd}, layer, heads, d_seq.get(), d_ones.get(), d_ones.get(),
+                                     d_seq.get(), d_tables.get());
     a.out = B(d_out);
-    a.kv = {B(d_cache2), L, kvh, hd};
-    a.layer = layer;
-    a.num_heads = heads;
-    a.num_kv_heads = kvh;
-    a.head_dim = hd;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    a.seq_q_start = d_seq.get();
-    a.seq_q_len = d_ones.get();
-    a.seq_kv_len = d_ones.get();
-    a.seq_table_start = d_seq.get();
-    a.block_tables = d_tables.get();
     a.decode_seqs = d_seq.get();
     a.partition_tokens = 64;
     a.qkv = B(d_qkv);
@@ -558,20 +567,10 @@ TEST_F(CudaKernels, DecodeAttentionSplitsLongContextsAndMatchesReference) {
     d_dec.upload(decode);
     const int parts = (3000 + partition - 1) / partition;
     DeviceArray<float> d_po(static_cast<size_t>(S) * heads * parts * hd), d_ml(static_cast<size_t>(S) * heads * parts * 2);
-    AttentionArgs a;
+    AttentionArgs a = attention_args({B(d_cache), f.L, kvh, hd}, f.layer, heads, d_qs.get(), d_ql.get(), d_kv.get(),
+                                     d_ts.get(), d_tables.get());
     a.q = B(d_q);
     a.out = B(d_out);
-    a.kv = {B(d_cache), f.L, kvh, hd};
-    a.layer = f.layer;
-    a.num_heads = heads;
-    a.num_kv_heads = kvh;
-    a.head_dim = hd;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    a.seq_q_start = d_qs.get();
-    a.seq_q_len = d_ql.get();
-    a.seq_kv_len = d_kv.get();
-    a.seq_table_start = d_ts.get();
-    a.block_tables = d_tables.get();
     a.decode_seqs = d_dec.get();
     a.partial_out = d_po.get();
     a.partial_ml = d_ml.get();
@@ -706,20 +705,10 @@ std::vector<float> run_prefill_batch(const AttnFixture& f, Bf16Array& d_cache, c
   d_qs.upload(q_start);
   d_ql.upload(q_len);
   d_items.upload(scrambled);
-  AttentionArgs a;
+  AttentionArgs a = attention_args({B(d_cache), f.L, f.kvh, hd}, f.layer, heads, d_qs.get(), d_ql.get(), d_kv.get(),
+                                   d_ts.get(), d_tables.get());
   a.q = B(d_q);
   a.out = B(d_out);
-  a.kv = {B(d_cache), f.L, f.kvh, hd};
-  a.layer = f.layer;
-  a.num_heads = heads;
-  a.num_kv_heads = f.kvh;
-  a.head_dim = hd;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  a.seq_q_start = d_qs.get();
-  a.seq_q_len = d_ql.get();
-  a.seq_kv_len = d_kv.get();
-  a.seq_table_start = d_ts.get();
-  a.block_tables = d_tables.get();
   a.prefill_items = d_items.get();
   a.prefill_heads_per_cta = kernel.heads_per_cta;
   a.prefill_warp_rows = kernel.warp_rows;

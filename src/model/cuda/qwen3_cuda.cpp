@@ -972,6 +972,7 @@ Result<void> CudaQwen3::reload_weights(const std::filesystem::path& model_dir) {
   return {};
 }
 std::vector<std::pair<std::string, double>> CudaQwen3::profile() const { return impl_->profile_ms; }
+void CudaQwen3::reset_profile() { impl_->profile_ms.clear(); }
 
 std::vector<KernelTrace> CudaQwen3::trace() const {
   const Impl& m = *impl_;
@@ -1013,7 +1014,6 @@ std::vector<KernelTrace> CudaQwen3::trace() const {
   }
   return out;
 }
-void CudaQwen3::reset_profile() { impl_->profile_ms.clear(); }
 
 Result<cuda::DeviceBuffer> CudaQwen3::allocate_kv_cache(int num_blocks) {
   if (num_blocks <= 0) return invalid_argument("allocate_kv_cache: num_blocks must be positive");
