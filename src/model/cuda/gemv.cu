@@ -155,7 +155,7 @@ __global__ __launch_bounds__(kThreads, M == 1 && C == 2 ? 3 : 2) void gemv_kerne
 
   // The first weight loads do not depend on the previous kernel: issue them
   // before waiting for it, so they overlap its tail (and the launch gap).
-  dev::allow_next_kernel();
+  if (!a.release_after_wait) dev::allow_next_kernel();
   dev::trace_start(a.trace);
   uint4 w[C][kUnroll];
 #pragma unroll
@@ -172,6 +172,7 @@ __global__ __launch_bounds__(kThreads, M == 1 && C == 2 ? 3 : 2) void gemv_kerne
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
   dev::wait_for_previous_kernel();
+  if (a.release_after_wait) dev::allow_next_kernel();
   dev::trace_waited(a.trace);
   // The residual values this warp adds into, read now: the read overlaps the
   // staging (where registers allow; else store_rows reads them).

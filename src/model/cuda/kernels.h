@@ -220,6 +220,11 @@ struct GemvArgs {
   // Optional, with kLogits: M words, zero before the launch, that end as each
   // row's largest dev::argmax_key (its first maximum) for launch_sample_tokens.
   unsigned long long* argmax = nullptr;
+  // With programmatic launch, when the next kernel's CTAs may start: false, at
+  // this kernel's start (they start their own weight loads beside this one's);
+  // true, once this kernel's CTAs have waited for the previous kernel, so that
+  // its weight loads go out ahead of the next kernel's.
+  bool release_after_wait = false;
   // Optional timeline (kTraceCtas x kTraceCtaWords): start, wait, end.
   unsigned long long* trace = nullptr;
 };
