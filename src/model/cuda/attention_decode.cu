@@ -29,8 +29,10 @@ constexpr bool kStageKv = kP == 64 && sizeof(dev::DecodeAttentionSmem<kHeadDim, 
                                           3 * kHeadDim * 2 + 2 * kP * (kHeadDim + dev::kKvRowPad) * 2 <= 48 * 1024;
 
 // kCluster: the kernel runs as clusters of the partitions of one (kv head,
-// sequence) (cluster dims 1 x max_partitions x 1), which combine through
-// distributed shared memory: no partial outputs in global memory, no counter.
+// sequence) (cluster dims 1 x max_partitions x 1): partitions 1 .. store their
+// partials into partition 0's shared memory (distributed shared memory), and
+// after one cluster barrier partition 0 combines them from there. No partial
+// outputs in global memory, no counter.
 // (At most 170 registers: unbounded, ptxas spills the head_dim 64, group 5
 // instance; at 128, the head_dim 128, group 1 instance for sm_100.)
 template <int kHeadDim, int kGroup, int kP, bool kCluster>
@@ -42,7 +44,16 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
   __shared__ __align__(16) bf16 kv_s[kStage ? 2 * kP * kStride : 8];
   // The RoPE row of the token's position, then the q and k norm weights.
   __shared__ __align__(16) bf16 consts_s[3 * kHeadDim];
+  // kCluster, in the CTA of partition 0: the partials of partitions 1 ..
+  // max_partitions - 1, which their CTAs store here ([p - 1][kGroup][kHeadDim]),
+  // then their (max, sum) ([p - 1][kGroup][2] after kMaxClusterPartitions - 1
+  // partials).
+  extern __shared__ __align__(16) float inbox[];
+  float* const inbox_stat = inbox + (kMaxClusterPartitions - 1) * kGroup * kHeadDim;
   const int dslot = blockIdx.z, kvh = blockIdx.x, part = blockIdx.y;
+  // A CTA may store to another's shared memory once that one has started: the
+  // cluster barrier's arrival here, its wait after the previous kernel's.
+  if constexpr (kCluster) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   bf16* const k_s = kv_s;
   bf16* const v_s = kv_s + (kStage ? kP * kStride : 0);
   // The timeline (kernels.h: kTraceCtas) of the 64-token partitions that small
@@ -80,6 +91,7 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
   dev::wait_for_previous_kernel();
+  if constexpr (kCluster) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every CTA has started
   dev::trace_waited(trace);
   const bf16* q_group = a.q + (static_cast<size_t>(row) * a.num_heads + kvh * kGroup) * kHeadDim;
   if (a.qkv) {
@@ -130,37 +142,46 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
   dev::allow_next_kernel();
   dev::trace_mark(trace, 3);
   int nparts = 0;
+  float* partial_smem = nullptr;
+  float* stat_smem = nullptr;
+  if constexpr (kCluster) {  // the partial goes to partition 0's CTA (rank 0 of the cluster)
+    cg::cluster_group cluster = cg::this_cluster();
+    partial_smem = &sm.red[0][0][0];
+    stat_smem = &sm.stat[0][0];
+    if (part > 0) {
+      partial_smem = cluster.map_shared_rank(inbox + (part - 1) * kGroup * kHeadDim, 0);
+      stat_smem = cluster.map_shared_rank(inbox_stat + (part - 1) * kGroup * 2, 0);
+    }
+  }
   if constexpr (kStage) {
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();  // the staged rows and the new K/V row, for every thread
     const dev::StagedRows rows{dev::cache_rows(a, dslot, kvh), k_s, v_s, part * kP, staged, kStride};
     nparts = dev::decode_attention_item<kHeadDim, kGroup, kP>(a, dslot, kvh, part, q_group, rows, sm,
-                                                              [] { __syncthreads(); }, kCluster);
+                                                              [] { __syncthreads(); }, partial_smem, stat_smem);
   } else {
     __syncthreads();  // the new K/V row written above, for every thread
     nparts = dev::decode_attention_item<kHeadDim, kGroup, kP>(a, dslot, kvh, part, q_group,
                                                               dev::cache_rows(a, dslot, kvh), sm,
-                                                              [] { __syncthreads(); }, kCluster);
+                                                              [] { __syncthreads(); }, partial_smem, stat_smem);
   }
   dev::trace_mark(trace, 4);
   bf16* out_row = a.out + static_cast<size_t>(row) * a.num_heads * kHeadDim;
   if constexpr (kCluster) {
-    // Every CTA of the cluster reaches both barriers (none returns early): the
-    // first publishes the partials, the second keeps them alive while read.
-    // Partition 0 combines them in partition order.
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();
+    // Every CTA of the cluster reaches the barrier (none returns early), which
+    // publishes the partials stored in partition 0's shared memory; partition
+    // 0 combines them in partition order, the others are done.
+    cg::this_cluster().sync();
     if (part == 0 && nparts > 1) {
       for (int i = threadIdx.x; i < kGroup * kHeadDim; i += dev::kDecodeThreads) {
         const int g = i / kHeadDim, d = i % kHeadDim;
         const float val = dev::combine_partitions(
-            nparts, [&](int p, int k) { return cluster.map_shared_rank(&sm.stat[g][0], p)[k]; },
-            [&](int p) { return *cluster.map_shared_rank(&sm.red[0][g][d], p); });
+            nparts, [&](int p, int k) { return p == 0 ? sm.stat[g][k] : inbox_stat[((p - 1) * kGroup + g) * 2 + k]; },
+            [&](int p) { return p == 0 ? sm.red[0][g][d] : inbox[((p - 1) * kGroup + g) * kHeadDim + d]; });
         out_row[(kvh * kGroup + g) * kHeadDim + d] = __float2bfloat16(val);
       }
     }
     dev::trace_mark(trace, 5);
-    cluster.sync();
     dev::trace_mark(trace, kTraceEnd);
     return;
   }
@@ -216,6 +237,12 @@ cudaError_t launch_clusters(const AttentionArgs& a, int num_decode, int max_part
   cfg.gridDim = dim3(a.num_kv_heads, max_partitions, num_decode);
   cfg.blockDim = dev::kDecodeThreads;
   cfg.stream = launch.stream;
+  constexpr size_t kInboxMax = (kMaxClusterPartitions - 1) * kGroup * (kHeadDim + 2) * sizeof(float);
+  static const cudaError_t attr = cudaFuncSetAttribute(decode_attention_kernel<kHeadDim, kGroup, kP, true>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       static_cast<int>(kInboxMax));
+  if (attr != cudaSuccess) return attr;
+  cfg.dynamicSmemBytes = kInboxMax;  // the kernel's layout is for kMaxClusterPartitions
   cudaLaunchAttribute attrs[2]{};
   attrs[0].id = cudaLaunchAttributeClusterDimension;
   attrs[0].val.clusterDim.x = 1;

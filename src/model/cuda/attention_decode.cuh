@@ -87,13 +87,16 @@ struct DecodeAttentionSmem {
 // shared memory). rows.k(t) / rows.v(t): the K / V row of the kv head at
 // position t (CacheRows: in the cache; or a copy in shared memory). Returns
 // the sequence's partition count (0: padding).
-// partial_in_smem: a partition of a longer sequence leaves its normalised
-// output in sm.red[0] (and its (max, sum) in sm.stat) instead of partial_out /
-// partial_ml, for the CTAs of a cluster to combine.
+// partial_smem / stat_smem: a partition of a longer sequence leaves its
+// normalised output there ([kGroup][kHeadDim]) with its (max, sum) per head
+// ([kGroup][2]) instead of in partial_out / partial_ml: shared memory of this
+// CTA or, through distributed shared memory, of another CTA of its cluster.
+// partial_smem may be &sm.red[0][0][0] (each thread rewrites only values it
+// has read).
 template <int kHeadDim, int kGroup, int kP, class Rows, class Sync>
 __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh, int part, const bf16* q_group,
                                      const Rows& rows, DecodeAttentionSmem<kHeadDim, kGroup, kP>& sm, Sync sync,
-                                     bool partial_in_smem = false) {
+                                     float* partial_smem = nullptr, float* stat_smem = nullptr) {
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per K row
   auto& q_s = sm.q;
   auto& p_s = sm.p;
@@ -267,8 +270,12 @@ __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh,
     const float val = sum / stat_s[g][1];
     if (nparts == 1) {
       out_row[(h0 + g) * kHeadDim + d] = __float2bfloat16(val);
-    } else if (partial_in_smem) {
-      red_s[0][g][d] = val;  // only this thread reads or writes (g, d) in this loop
+    } else if (partial_smem != nullptr) {
+      partial_smem[g * kHeadDim + d] = val;  // only this thread reads or writes (g, d) in this loop
+      if (d == 0) {
+        stat_smem[2 * g] = stat_s[g][0];
+        stat_smem[2 * g + 1] = stat_s[g][1];
+      }
     } else {
       const size_t base = (static_cast<size_t>(dslot) * a.num_heads + h0 + g) * a.partial_parts + part;
       a.partial_out[base * kHeadDim + d] = val;
