@@ -4,7 +4,7 @@
 // mode, with the Hugging Face transformers baseline merged in when given.
 //
 //   cuda_qwen3_bench --model DIR [--out results.json] [--hf hf_baseline.json]
-//                    [--batches 1,32,128] [--prompt 128] [--gen 128] [--prefill 512,4096]
+//                    [--batches 1,8,32,128] [--prompt 128] [--gen 128] [--prefill 512,4096]
 //                    [--commit SHA] [--no-invariant] [--profile] [--trace]
 //
 // Decode: B sequences with random prompts of --prompt tokens are prefilled,
@@ -59,7 +59,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Args {
   std::string model, out, hf, commit;
-  std::vector<int> batches = {1, 32, 128};
+  std::vector<int> batches = {1, 8, 32, 128};
   std::vector<int> prefill = {512, 4096};
   int prompt = 128, gen = 128;
   bool invariant = true;

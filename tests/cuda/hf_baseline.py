@@ -31,7 +31,7 @@ def run(bs, plen, new):
     print(f"hf generate bs={bs} prompt={plen} new={new}: {t:.2f}s  {bs * new / t:.0f} tok/s", flush=True)
 
 
-for bs in (1, 32, 128):
+for bs in (1, 8, 32, 128):
     run(bs, 128, 128)
 with torch.no_grad():
     for n in (512, 4096):
