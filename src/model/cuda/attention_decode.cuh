@@ -79,8 +79,8 @@ struct DecodeAttentionSmem {
 // softmax over the partition, and lane-per-dimension weighted sums of V
 // (coalesced rows). A sequence of one partition gets its output rows; longer
 // ones write normalised partial outputs with their (max, sum), combined in
-// partition order by reduce_partitions. Every order depends only on the
-// sequence's own length.
+// partition order (reduce_partitions, or partition 0 of a cluster). Every
+// order depends only on the sequence's own length.
 //
 // Threads 0 .. kDecodeThreads-1 call it; `sync()` is their barrier. q_group:
 // the group's query heads [kGroup][kHeadDim], after q norm + RoPE (global or
