@@ -76,6 +76,24 @@ __global__ __launch_bounds__(kNormThreads) void add_rms_norm_kernel(bf16* x, con
 constexpr int kNormWarpRows = 8;
 constexpr int kNormWarpMinRows = 1024;
 
+// One 16-byte chunk of a warp-per-row norm. The residual add: f (x) becomes
+// bf16(f + d), v takes its bf16 bits, and with store they go back to x (dst).
+__device__ __forceinline__ void add_delta8(uint4& v, const float (&d)[8], float (&f)[8], bool store, bf16* dst) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) f[e] = round_bf16(f[e] + d[e]);
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) h[e] = __floats2bfloat162_rn(f[2 * e], f[2 * e + 1]);
+  if (store) *reinterpret_cast<uint4*>(dst) = v;
+}
+// The normalised chunk: out = w * bf16(x * rs).
+__device__ __forceinline__ void norm_store8(const float (&x)[8], const float (&w)[8], float rs, bf16* out) {
+  float o[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) o[e] = w[e] * round_bf16(x[e] * rs);
+  store8(out, o);
+}
+
 template <int kChunks>
 __global__ __launch_bounds__(32 * kNormWarpRows) void add_rms_norm_wide_warp_kernel(bf16* x, const bf16* delta,
                                                                                     const bf16* weight, int rows,
@@ -101,12 +119,7 @@ __global__ __launch_bounds__(32 * kNormWarpRows) void add_rms_norm_wide_warp_ker
       if (delta) {
         float d[8];
         load8(delta + static_cast<size_t>(src_row) * hidden + c * 8, d);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) f[e] = round_bf16(f[e] + d[e]);
-        __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v[j]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) h[e] = __floats2bfloat162_rn(f[2 * e], f[2 * e + 1]);
-        if (!row_index) *reinterpret_cast<uint4*>(xr + c * 8) = v[j];
+        add_delta8(v[j], d, f, !row_index, xr + c * 8);
       }
 #pragma unroll
       for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
@@ -117,12 +130,10 @@ __global__ __launch_bounds__(32 * kNormWarpRows) void add_rms_norm_wide_warp_ker
   for (int j = 0; j < kChunks; ++j) {
     const int c = lane + 32 * j;
     if (c < chunks) {
-      float f[8], w[8], o[8];
+      float f[8], w[8];
       dev::unpack8(v[j], f);
       load8(weight + c * 8, w);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] = w[e] * round_bf16(f[e] * rs);
-      store8(out + static_cast<size_t>(r) * hidden + c * 8, o);
+      norm_store8(f, w, rs, out + static_cast<size_t>(r) * hidden + c * 8);
     }
   }
 }
@@ -169,12 +180,7 @@ __global__ __launch_bounds__(32 * kNormWarpRows) void add_rms_norm_warp_kernel(b
       if (delta) {
         float d[8];
         dev::unpack8(dv[j], d);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) f[e] = round_bf16(f[e] + d[e]);
-        __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v[j]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) h[e] = __floats2bfloat162_rn(f[2 * e], f[2 * e + 1]);
-        if (!row_index) *reinterpret_cast<uint4*>(xr + c * 8) = v[j];
+        add_delta8(v[j], d, f, !row_index, xr + c * 8);
       }
 #pragma unroll
       for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
@@ -191,12 +197,10 @@ __global__ __launch_bounds__(32 * kNormWarpRows) void add_rms_norm_warp_kernel(b
   for (int j = 0; j < kChunks; ++j) {
     const int c = lane + 32 * j;
     if (c < chunks) {
-      float f[8], wf[8], o[8];
+      float f[8], wf[8];
       dev::unpack8(v[j], f);
       dev::unpack8(w[j], wf);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] = wf[e] * round_bf16(f[e] * rs);
-      store8(out + static_cast<size_t>(r) * hidden + c * 8, o);
+      norm_store8(f, wf, rs, out + static_cast<size_t>(r) * hidden + c * 8);
     }
   }
 }
