@@ -18,7 +18,7 @@
 // on the mma.sync kernel, with its query rows per warp chosen per pass by the
 // CTA count or fixed at 16 or 32; decode partitions fixed at 64, 128 and 256
 // (the default takes 64 for decode steps of up to 8 sequences, 256 otherwise);
-// the fused decode kernel; batch-invariant.
+// decode projections on cuBLASLt at every batch size (no GEMV); batch-invariant.
 // --profile: also a breakdown per kernel group (CUDA events between eager
 // launches, so launch gaps are included) of a decode step at each batch size
 // and of each prefill, in the default mode, and of each prefill again on the
@@ -221,19 +221,19 @@ int main(int argc, char** argv) {
     int prefill_heads_per_cta;
     int prefill_warp_rows;
     int decode_partition_tokens;
-    bool fused_decode = false;
     bool prefill_wgmma = true;
+    int gemv_max_rows = -1;
   };
   const Mode mode_list[] = {{"default", false, true, true, true, 0, 0, 0},
                             {"default_without_overlap", false, false, true, false, 0, 0, 0},
                             {"default_prefill_1_head_per_cta", false, true, false, true, 1, 0, 0},
-                            {"default_prefill_mma", false, true, false, true, 0, 0, 0, false, false},
-                            {"default_prefill_mma_16_rows_per_warp", false, true, false, true, 0, 16, 0, false, false},
-                            {"default_prefill_mma_32_rows_per_warp", false, true, false, true, 0, 32, 0, false, false},
+                            {"default_prefill_mma", false, true, false, true, 0, 0, 0, false},
+                            {"default_prefill_mma_16_rows_per_warp", false, true, false, true, 0, 16, 0, false},
+                            {"default_prefill_mma_32_rows_per_warp", false, true, false, true, 0, 32, 0, false},
                             {"default_decode_partition_64", false, true, true, false, 0, 0, 64},
                             {"default_decode_partition_128", false, true, true, false, 0, 0, 128},
                             {"default_decode_partition_256", false, true, true, false, 0, 0, 256},
-                            {"default_fused_decode", false, true, true, false, 0, 0, 0, true},
+                            {"default_decode_without_gemv", false, true, true, false, 0, 0, 0, true, 0},
                             {"batch_invariant", true, true, true, true, 0, 0, 0}};
   for (const Mode& md : mode_list) {
     const bool invariant = md.invariant;
@@ -244,8 +244,8 @@ int main(int argc, char** argv) {
     opt.prefill_heads_per_cta = md.prefill_heads_per_cta;
     opt.prefill_warp_rows = md.prefill_warp_rows;
     opt.decode_partition_tokens = md.decode_partition_tokens;
-    opt.fused_decode = md.fused_decode;
     opt.prefill_wgmma = md.prefill_wgmma;
+    opt.gemv_max_rows = md.gemv_max_rows;
     opt.max_seqs = std::max(256, max_b);
     opt.max_batch_tokens = std::max({8192, max_p, max_b});
     opt.max_model_len = std::max(max_p, a.prompt + a.gen);
@@ -335,8 +335,7 @@ int main(int argc, char** argv) {
         for (const auto& [l2, ms2] : prefill_only)
           if (l2 == label) pre = ms2;
         j[label] = (ms - pre) / 16;
-        // The fused kernel's stages (fused_qkv, ...) are parts of its mark, fused_decode.
-        if (label.rfind("fused_", 0) != 0 || label == "fused_decode") total += (ms - pre) / 16;
+        total += (ms - pre) / 16;
       }
       j["total"] = total;
       profile[name] = j;
@@ -345,13 +344,6 @@ int main(int argc, char** argv) {
       std::printf("\n");
     };
     for (int B : a.batches) profile_decode(*model, B, "decode_" + std::to_string(B));
-    {
-      // The fused decode kernel's stages (mean over its CTAs, and the slowest CTA's), batch 1.
-      CudaModelOptions fused = opt;
-      fused.fused_decode = true;
-      auto fm = check(CudaQwen3::load(a.model, alloc, fused), "loading " + a.model);
-      profile_decode(*fm, 1, "decode_1_fused");
-    }
     for (int n : a.prefill) {
       run_prefill_ms(*model, n, 3);  // 12 runs
       model->reset_profile();
@@ -484,11 +476,12 @@ int main(int argc, char** argv) {
                 mv("default", "prefill", k, "ms"), mv("batch_invariant", "prefill", k, "ms"), hfv("prefill_ms", k),
                 mv("default", "prefill", k, "floor_ms"));
   }
-  // Decode steps of up to 8 sequences as the fused persistent kernel, in the same run.
+  // Decode with every projection on cuBLASLt (no GEMV), in the same run.
   for (int B : a.batches) {
     const std::string k = std::to_string(B);
-    std::printf("%-34s %14.0f %14s %14s %12s\n", ("decode tok/s, batch " + k + ", fused").c_str(),
-                mv("default_fused_decode", "decode", k, "tokens_per_s"), "", "", "");
+    if (B > 8) continue;  // larger steps take cuBLASLt anyway
+    std::printf("%-34s %14.0f %14s %14s %12s\n", ("decode tok/s, batch " + k + ", cuBLASLt").c_str(),
+                mv("default_decode_without_gemv", "decode", k, "tokens_per_s"), "", "", "");
   }
   // Prefill on the mma.sync attention kernel, measured in the same run (siesta column; default mode).
   for (int n : a.prefill) {

@@ -14,7 +14,7 @@
 //                       smallest all-to-all step, as the decode kernels chain them;
 //   stage_grid_barrier  the same steps inside one persistent kernel of one CTA
 //                       per SM, a grid barrier (release add, acquire poll) between
-//                       steps: the fused decode kernel's structure.
+//                       steps: what a persistent decode kernel would pay.
 // And the device-to-device copy bandwidth, for the bytes side of the floor; and
 // siesta's own decode GEMVs alone, with Qwen3-0.6B's shapes at batch 1 (QKV,
 // O, gate/up, down: 28 layers of distinct weights in a graph, with and without

@@ -357,8 +357,8 @@ std::vector<float> matmul_ref(const std::vector<float>& a, const std::vector<flo
 }
 
 TEST_F(CudaKernels, GemvWithEachPrologueAndEpilogue) {
-  // Output widths that take one, two and three rows per warp, and two rows per
-  // warp in several waves (on 132 SMs: up to 2112, 4224, 6336 rows in one wave).
+  // Output widths that take 8, 16 and 24 weight rows per CTA, and 16 in several
+  // waves (on 132 SMs: up to 2112, 4224, 6336 rows in one wave).
   const int max_n = 7000, K = 1024;
   auto w = random_bf16(static_cast<size_t>(max_n) * K, rng, 0.05f);
   auto nw = random_bf16(K, rng, 0.1f, 1.0f);
@@ -425,6 +425,15 @@ TEST_F(CudaKernels, GemvWithEachPrologueAndEpilogue) {
           head.insert(head.end(), got_f.begin() + static_cast<size_t>(m) * N, got_f.begin() + static_cast<size_t>(m) * N + 1000);
         if (first.empty()) first = head;
         EXPECT_EQ(head, first) << what;
+        // Nor on how many rows the launch takes: row 0 alone gives the same bits.
+        if (M > 1) {
+          DeviceArray<float> d_one(N);
+          GemvArgs one{B(d_x), B(d_nw), 1e-6f, B(d_w), 1, N, K, in, GemvOutput::kLogits, d_one.get()};
+          CUDA_OK(launch_gemv(one, nullptr));
+          CUDA_OK(cudaDeviceSynchronize());
+          const auto alone = d_one.download();
+          EXPECT_TRUE(std::equal(alone.begin(), alone.end(), got_f.begin())) << what << ": row 0 alone differs";
+        }
       }
     }
   }

@@ -192,7 +192,7 @@ TEST(CudaStepPlan, ImageHoldsTheArraysAndSamplingRecords) {
   EXPECT_EQ(b0, 3);
   std::memcpy(&rec, img->data() + l.sampling + 3 * sizeof(SamplingRecord), sizeof rec);
   EXPECT_EQ(rec.temperature, 0.0);  // padding rows are greedy
-  // The fused decode kernel's counters start at zero in every image.
+  // The argmax keys and partition counters start at zero in every image.
   ASSERT_LE(l.sync + kStepSyncWords * 4, l.block_tables);
   for (int w = 0; w < kStepSyncWords; ++w) {
     int32_t word = -1;

@@ -1,8 +1,7 @@
 // Decode attention as device functions: the work item of one CTA (a kv head's
 // query group over one partition of a sequence's context) and the reduction of
-// a head's partitions. The decode attention kernel runs one item per CTA; the
-// fused decode kernel (decode_fused.cu) runs items on resident CTAs. Both give
-// the same bits. .cu files only.
+// a head's partitions. The decode attention kernel runs one item per CTA.
+// .cu files only.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,51 +1,74 @@
 // Small-batch projections (decode): y[m, n] = sum_k a[m, k] * w[n, k], M <= 8.
 //
-// At these sizes the weights are the whole cost, so each warp streams whole
-// weight rows with 16-byte loads (several in flight per lane) against the M
-// input rows staged once per CTA in shared memory. The staging step applies
-// the preceding RMSNorm or SiLU-mul, and the store can add into the residual
-// stream, which saves three launches per layer in decode. As the LM head it can
-// also leave each row's first maximum for sampling (GemvArgs::argmax), so that
-// greedy sampling does not read the logits again.
+// At these sizes the weights are the whole cost, so the CTAs stream the weight
+// rows with 16-byte loads (12 in flight per lane) against the M input rows
+// staged once per CTA in shared memory, and multiply on tensor cores. The
+// staging step applies the preceding RMSNorm or SiLU-mul, and the store can add
+// into the residual stream, which saves three launches per layer in decode. As
+// the LM head it can also leave each row's first maximum for sampling
+// (GemvArgs::argmax), so that greedy sampling does not read the logits again.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 
 #include "model/cuda/device_util.cuh"
 #include "model/cuda/kernels.h"
+#include "model/cuda/mma.cuh"
 
 namespace siesta::cuda {
 namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-// 16-byte weight loads in flight per lane and column: with one column per
-// warp, a whole row of up to 3072 bf16 (the decode projections of Qwen3-0.6B)
-// is requested at once, before the kernel waits for its input.
-template <int C>
-constexpr int unroll_for() {
-  return C == 1 ? 12 : 4;
-}
-// CTAs of the largest-C kernel that fit on an SM at once (128 registers per thread).
+// CTAs of the largest-T kernel that fit on an SM at once (128 registers per thread).
 constexpr int kCtasPerSm = 2;
 // Dynamic shared memory of a CTA (two share an SM): M input rows and a norm row
 // of up to 6144 bf16 at M = 8 (Qwen3-1.7B's intermediate size).
 constexpr size_t kMaxSmem = 112 * 1024;
+// bf16 after each staged input row: the 8 rows that an MMA step reads fall in
+// different banks.
+constexpr int kRowPad = 32;
 
 using dev::load8;
 using dev::round_bf16;
 using dev::store8;
 
-// Dynamic shared memory: the M staged input rows, then (RMSNorm input) the
-// norm weights, copied there before the kernel waits for the previous one.
+// Dynamic shared memory: the M staged input rows of K + kRowPad, then (RMSNorm
+// input) the norm weights, copied there before the kernel waits for the
+// previous one; at the end the warps' sums, in the staged rows' place.
 size_t gemv_smem(const GemvArgs& a) {
-  return (static_cast<size_t>(a.M) + (a.input_kind == GemvInput::kRmsNorm ? 1 : 0)) * a.K * sizeof(bf16);
+  const size_t staged =
+      (static_cast<size_t>(a.M) * (a.K + kRowPad) + (a.input_kind == GemvInput::kRmsNorm ? a.K : 0)) * sizeof(bf16);
+  return std::max(staged, static_cast<size_t>(kWarps) * a.M * 8 * 3 * sizeof(float));
 }
 
+// Block-wide sums of M values at once, each in dev::block_sum's order (warp
+// butterflies, then the warp totals in warp order), behind one barrier.
 template <int M>
-__device__ void stage_input(const GemvArgs& a, bf16* s_a) {
-  __shared__ float scratch[32];
+__device__ __forceinline__ void block_sums(float (&v)[M]) {
+  __shared__ float scratch[M][kWarps];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int m = 0; m < M; ++m) v[m] = dev::warp_sum(v[m]);
+  if (lane == 0)
+#pragma unroll
+    for (int m = 0; m < M; ++m) scratch[m][warp] = v[m];
+  __syncthreads();
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += scratch[m][w];
+    v[m] = total;
+  }
+}
+
+// Stages the M input rows into s_a (rows `stride` bf16 apart), transformed by
+// the input kind; the norm weights, if any, are at s_a + M * stride.
+template <int M>
+__device__ void stage_input(const GemvArgs& a, bf16* s_a, int stride) {
   const int K = a.K, chunks = K / 8;
   if (a.input_kind == GemvInput::kRmsNorm) {
     float ss[M];
@@ -60,10 +83,11 @@ __device__ void stage_input(const GemvArgs& a, bf16* s_a) {
         for (int e = 0; e < 8; ++e) ss[m] += f[e] * f[e];
       }
     }
+    block_sums<M>(ss);
     float rs[M];
 #pragma unroll
-    for (int m = 0; m < M; ++m) rs[m] = rsqrtf(dev::block_sum(ss[m], scratch) / static_cast<float>(K) + a.eps);
-    const bf16* s_norm = s_a + M * K;  // copied before the wait (gemv_kernel)
+    for (int m = 0; m < M; ++m) rs[m] = rsqrtf(ss[m] / static_cast<float>(K) + a.eps);
+    const bf16* s_norm = s_a + M * stride;  // copied before the wait (gemv_kernel)
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();
     for (int c = threadIdx.x; c < chunks; c += kThreads) {
@@ -75,7 +99,7 @@ __device__ void stage_input(const GemvArgs& a, bf16* s_a) {
         load8(a.input + static_cast<size_t>(m) * K + c * 8, f);
 #pragma unroll
         for (int e = 0; e < 8; ++e) f[e] = w[e] * round_bf16(f[e] * rs[m]);
-        store8(s_a + m * K + c * 8, f);
+        store8(s_a + m * stride + c * 8, f);
       }
     }
   } else if (a.input_kind == GemvInput::kSiluMul) {
@@ -87,86 +111,67 @@ __device__ void stage_input(const GemvArgs& a, bf16* s_a) {
         load8(a.input + static_cast<size_t>(m) * 2 * K + K + c * 8, u);
 #pragma unroll
         for (int e = 0; e < 8; ++e) g[e] = round_bf16(g[e] / (1.0f + expf(-g[e]))) * u[e];
-        store8(s_a + m * K + c * 8, g);
+        store8(s_a + m * stride + c * 8, g);
       }
     }
   } else {
     for (int c = threadIdx.x; c < chunks; c += kThreads)
 #pragma unroll
       for (int m = 0; m < M; ++m)
-        reinterpret_cast<uint4*>(s_a + m * K)[c] = reinterpret_cast<const uint4*>(a.input + static_cast<size_t>(m) * K)[c];
+        reinterpret_cast<uint4*>(s_a + m * stride)[c] = reinterpret_cast<const uint4*>(a.input + static_cast<size_t>(m) * K)[c];
   }
   __syncthreads();
 }
 
-// Whether the kernel reads its residual values right after the wait (they fit
-// in the registers of every (M, C) but the largest).
-template <int M, int C>
-constexpr bool kEarlyResidual = M * C <= 16;
-
-// resid: lane m's out[m, n0 + c] before the kernel (kAddBf16), loaded early.
-template <int M, int C>
-__device__ __forceinline__ void store_rows(const GemvArgs& a, int n0, int lane, float (&acc)[C][M],
-                                           const float (&resid)[C]) {
-  unsigned long long best = 0;  // lane m: the largest argmax key of row m among the warp's columns
-#pragma unroll
-  for (int c = 0; c < C; ++c) {
-    const int n = n0 + c;
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const float v = dev::warp_sum(acc[c][m]);
-      if (lane == m && n < a.N) {
-        const size_t idx = static_cast<size_t>(m) * a.N + n;
-        if (a.output_kind == GemvOutput::kLogits) {
-          const float logit = round_bf16(v);
-          static_cast<float*>(a.out)[idx] = logit;
-          best = max(best, dev::argmax_key(logit, n));
-        } else if (a.output_kind == GemvOutput::kAddBf16) {
-          bf16* y = static_cast<bf16*>(a.out);
-          const float r = kEarlyResidual<M, C> ? resid[c] : __bfloat162float(y[idx]);
-          y[idx] = __float2bfloat16(r + round_bf16(v));
-        } else {
-          static_cast<bf16*>(a.out)[idx] = __float2bfloat16(v);
-        }
-      }
-    }
-  }
-  // Most warps find a larger key already there: one L2 read, no atomic.
-  if (a.argmax && lane < M && best > __ldcg(a.argmax + lane)) atomicMax(a.argmax + lane, best);
-}
-
-// One row with two columns per warp (decode at batch 1: the QKV projection of
-// Qwen3-0.6B) fits in 80 registers: then an SM keeps room beside two of its
-// CTAs for the next kernel's (decode attention), which start their own copies
-// before this kernel ends (0.80 -> 0.765 ms per token at batch 1 on the H200).
-// The other shapes spill at 80 and keep 128.
-template <int M, int C>
-__global__ __launch_bounds__(kThreads, M == 1 && C == 2 ? 3 : 2) void gemv_kernel(GemvArgs a) {
-  constexpr int kUnroll = unroll_for<C>();
+// The projection on tensor cores: mma.m16n8k16 with the input rows as A
+// (rows 0..M-1 of 16) and eight weight rows as B. A CTA takes 8 * T weight
+// rows over the whole of K; its warp w takes k in [w K / 8, (w + 1) K / 8) of
+// every one of them, 32 k per step: lane (g, q) = (lane / 4, lane % 4) loads
+// the 16 bytes of weight row g at k + 8q, which are the B fragments of two
+// MMAs as they are (the k order inside an MMA is a free choice, made the same
+// for A), and the input row g at the same k from shared memory. So the input
+// is read from shared memory once per 8 weight rows, not once per row, and no
+// weight is converted to fp32: two MMAs per 16 weight bytes of each lane, where
+// fp32 FMAs with one weight row per warp took ~140 instructions at M = 8
+// (batch-8 decode of the 0.6B shape on the H200: 2.42 -> 1.29 ms per step; batch
+// 1: 0.71 -> 0.69 ms). The warps' partial sums meet in shared memory and are
+// added in warp order. A value depends on its row of A, its weight row and K
+// only: not on M, T or the grid.
+//
+// At M = 1, T = 2 (the QKV projection of Qwen3-0.6B at batch 1) it fits in
+// 80 registers: then an SM keeps room beside two of its CTAs for the next
+// kernel's (decode attention), which start their own copies before this one ends.
+template <int M, int T>
+__global__ __launch_bounds__(kThreads, M == 1 && T == 2 ? 3 : 2) void gemv_kernel(GemvArgs a) {
+  // 32-k steps per batch of loads (T * kSteps 16-byte loads in flight per
+  // lane); 4 steps are a warp's whole slice at K = 1024 (Qwen3-0.6B's hidden size).
+  constexpr int kSteps = T == 1 ? 12 : 4;
+  constexpr int kCols = 8 * T;
+  static_assert(M * kCols <= kThreads, "one output per thread");
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int K = a.K, stride = K + kRowPad;
   bf16* s_a = reinterpret_cast<bf16*>(smem_raw);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int n0 = (blockIdx.x * kWarps + warp) * C;
-  const int K = a.K, chunks = K / 8;  // chunks % 32 == 0 (K % 256 == 0)
-  const uint4* wrow[C];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int n0 = blockIdx.x * kCols;
+  const int k0 = warp * (K / kWarps), steps = K / kWarps / 32;  // K % 256 == 0
+  const uint4* wrow[T];
 #pragma unroll
-  for (int c = 0; c < C; ++c)
-    wrow[c] = reinterpret_cast<const uint4*>(a.weight + static_cast<size_t>(min(n0 + c, a.N - 1)) * K);
+  for (int t = 0; t < T; ++t)
+    wrow[t] = reinterpret_cast<const uint4*>(a.weight + static_cast<size_t>(min(n0 + 8 * t + g, a.N - 1)) * K + k0 +
+                                             8 * q);
 
   // The first weight loads do not depend on the previous kernel: issue them
   // before waiting for it, so they overlap its tail (and the launch gap).
   if (!a.release_after_wait) dev::allow_next_kernel();
   dev::trace_start(a.trace);
-  uint4 w[C][kUnroll];
+  uint4 w[T][kSteps];
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int ch = lane + 32 * u;
+  for (int u = 0; u < kSteps; ++u)
 #pragma unroll
-    for (int c = 0; c < C; ++c) w[c][u] = ch < chunks ? __ldg(wrow[c] + ch) : make_uint4(0, 0, 0, 0);
-  }
+    for (int t = 0; t < T; ++t) w[t][u] = u < steps ? __ldg(wrow[t] + 4 * u) : make_uint4(0, 0, 0, 0);
   if (a.input_kind == GemvInput::kRmsNorm) {  // the norm weights, to shared memory
-    for (int c = threadIdx.x; c < chunks; c += kThreads) {
-      const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(s_a + M * K + c * 8));
+    for (int c = threadIdx.x; c < K / 8; c += kThreads) {
+      const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(s_a + M * stride + c * 8));
       asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(a.norm_weight + c * 8) : "memory");
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
@@ -174,65 +179,87 @@ __global__ __launch_bounds__(kThreads, M == 1 && C == 2 ? 3 : 2) void gemv_kerne
   dev::wait_for_previous_kernel();
   if (a.release_after_wait) dev::allow_next_kernel();
   dev::trace_waited(a.trace);
-  // The residual values this warp adds into, read now: the read overlaps the
-  // staging (where registers allow; else store_rows reads them).
-  float resid[C];
-#pragma unroll
-  for (int c = 0; c < C; ++c)
-    resid[c] = kEarlyResidual<M, C> && a.output_kind == GemvOutput::kAddBf16 && lane < M && n0 + c < a.N
-                   ? __bfloat162float(static_cast<const bf16*>(a.out)[static_cast<size_t>(lane) * a.N + n0 + c])
-                   : 0.0f;
-  stage_input<M>(a, s_a);
-  if (n0 >= a.N) return;
+  // Thread i stores output (i / kCols, n0 + i % kCols);
+  // its residual value is read now, beside the staging.
+  const int out_m = threadIdx.x / kCols, out_n = n0 + threadIdx.x % kCols;
+  const bool stores = out_m < M && out_n < a.N;
+  const size_t out_idx = static_cast<size_t>(out_m) * a.N + out_n;
+  const float resid =
+      stores && a.output_kind == GemvOutput::kAddBf16 ? __bfloat162float(static_cast<const bf16*>(a.out)[out_idx]) : 0.0f;
+  stage_input<M>(a, s_a, stride);
 
-  float acc[C][M];
+  float acc[T][4];
 #pragma unroll
-  for (int c = 0; c < C; ++c)
+  for (int t = 0; t < T; ++t)
 #pragma unroll
-    for (int m = 0; m < M; ++m) acc[c][m] = 0.0f;
-
-  for (int base = lane;;) {
+    for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
+  // Lanes of rows g >= M read row M - 1: valid data, whose results are not stored.
+  const bf16* xrow = s_a + min(g, M - 1) * stride + k0 + 8 * q;
+  for (int s0 = 0;;) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int ch = base + 32 * u;
-      if (ch < chunks) {
-        float wf[C][8];
+    for (int u = 0; u < kSteps; ++u) {
+      if (s0 + u < steps) {
+        const uint4 x = *reinterpret_cast<const uint4*>(xrow + (s0 + u) * 32);
+        const uint32_t lo[4] = {x.x, 0u, x.y, 0u}, hi[4] = {x.z, 0u, x.w, 0u};
 #pragma unroll
-        for (int c = 0; c < C; ++c) dev::unpack8(w[c][u], wf[c]);
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-          float x[8];
-          dev::unpack8(reinterpret_cast<const uint4*>(s_a + m * K)[ch], x);
-#pragma unroll
-          for (int c = 0; c < C; ++c)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[c][m] += wf[c][e] * x[e];
+        for (int t = 0; t < T; ++t) {
+          dev::mma_bf16(acc[t], lo, w[t][u].x, w[t][u].y);
+          dev::mma_bf16(acc[t], hi, w[t][u].z, w[t][u].w);
         }
       }
     }
-    base += 32 * kUnroll;
-    if (base >= chunks) break;
+    s0 += kSteps;
+    if (s0 >= steps) break;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int ch = base + 32 * u;
+    for (int u = 0; u < kSteps; ++u)
 #pragma unroll
-      for (int c = 0; c < C; ++c) w[c][u] = ch < chunks ? __ldg(wrow[c] + ch) : make_uint4(0, 0, 0, 0);
-    }
+      for (int t = 0; t < T; ++t) w[t][u] = s0 + u < steps ? __ldg(wrow[t] + 4 * (s0 + u)) : make_uint4(0, 0, 0, 0);
   }
 
-  store_rows<M, C>(a, n0, lane, acc, resid);
+  // The warps' sums, [warp][m][column], over the staged input (every warp is
+  // done with it after the barrier).
+  float* red = reinterpret_cast<float*>(smem_raw);
+  __shared__ unsigned long long best[kGemvMaxRows];  // each row's largest argmax key in this CTA
+  if (a.argmax && threadIdx.x < M) best[threadIdx.x] = 0;
+  __syncthreads();
+  if (g < M)
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      red[(warp * M + g) * kCols + 8 * t + 2 * q] = acc[t][0];
+      red[(warp * M + g) * kCols + 8 * t + 2 * q + 1] = acc[t][1];
+    }
+  __syncthreads();
+  if (stores) {
+    float v = 0.0f;
+#pragma unroll
+    for (int w8 = 0; w8 < kWarps; ++w8) v += red[(w8 * M + out_m) * kCols + threadIdx.x % kCols];
+    if (a.output_kind == GemvOutput::kLogits) {
+      const float logit = round_bf16(v);
+      static_cast<float*>(a.out)[out_idx] = logit;
+      if (a.argmax) atomicMax(&best[out_m], dev::argmax_key(logit, out_n));
+    } else if (a.output_kind == GemvOutput::kAddBf16) {
+      static_cast<bf16*>(a.out)[out_idx] = __float2bfloat16(resid + round_bf16(v));
+    } else {
+      static_cast<bf16*>(a.out)[out_idx] = __float2bfloat16(v);
+    }
+  }
+  if (a.argmax) {
+    __syncthreads();
+    // Most CTAs find a larger key already there: one L2 read, no atomic.
+    if (threadIdx.x < M && best[threadIdx.x] > __ldcg(a.argmax + threadIdx.x))
+      atomicMax(a.argmax + threadIdx.x, best[threadIdx.x]);
+  }
   dev::trace_mark(a.trace, kTraceEnd);
 }
 
-template <int M, int C>
-cudaError_t launch_mc(const GemvArgs& a, const LaunchConfig& launch) {
-  const int cols_per_cta = kWarps * C;
+template <int M, int T>
+cudaError_t launch_mt(const GemvArgs& a, const LaunchConfig& launch) {
+  constexpr int cols_per_cta = 8 * T;
   const int grid = (a.N + cols_per_cta - 1) / cols_per_cta;
-  const size_t smem = gemv_smem(a);
-  static const cudaError_t attr = cudaFuncSetAttribute(gemv_kernel<M, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  static const cudaError_t attr = cudaFuncSetAttribute(gemv_kernel<M, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                        static_cast<int>(kMaxSmem));
   if (attr != cudaSuccess) return attr;
-  return launch_kernel(gemv_kernel<M, C>, grid, kThreads, smem, launch, a);
+  return launch_kernel(gemv_kernel<M, T>, grid, kThreads, gemv_smem(a), launch, a);
 }
 
 int sm_count() {
@@ -249,21 +276,21 @@ int sm_count() {
 
 template <int M>
 cudaError_t launch_m(const GemvArgs& a, const LaunchConfig& launch) {
-  // Columns per warp: as few as keep every CTA resident at once (one wave), so
-  // that every weight load of the kernel can go out before it waits for the
-  // previous one; a second wave would start its loads only after the first.
-  // Beyond three (the LM head) the kernel runs in waves of two columns per warp.
-  const int slots = kCtasPerSm * sm_count() * kWarps;
-  if (a.N <= slots) return launch_mc<M, 1>(a, launch);
-  if (a.N <= 2 * slots || a.N > 3 * slots) return launch_mc<M, 2>(a, launch);
-  return launch_mc<M, 3>(a, launch);
+  // Weight rows per CTA (8 T): as few as keep every CTA resident at once (one
+  // wave), so that every weight load of the kernel can go out before it waits
+  // for the previous one; a second wave would start its loads only after the
+  // first. Beyond three (the LM head) the kernel runs in waves of T = 2.
+  const int rows = kCtasPerSm * sm_count() * 8;
+  if (a.N <= rows) return launch_mt<M, 1>(a, launch);
+  if (a.N <= 2 * rows || a.N > 3 * rows) return launch_mt<M, 2>(a, launch);
+  return launch_mt<M, 3>(a, launch);
 }
 
 }  // namespace
 
 bool gemv_supported(int M, int K) {
   return M >= 1 && M <= kGemvMaxRows && K > 0 && K % 256 == 0 &&
-         static_cast<size_t>(M + 1) * K * sizeof(bf16) <= kMaxSmem;
+         (static_cast<size_t>(M) * (K + kRowPad) + K) * sizeof(bf16) <= kMaxSmem;
 }
 
 cudaError_t launch_gemv(const GemvArgs& a, LaunchConfig launch) {

@@ -193,8 +193,9 @@ bool prefill_wgmma_supported(int num_heads, int num_kv_heads, int head_dim);
 cudaError_t launch_prefill_attention_wgmma(const AttentionArgs& args, int num_items, LaunchConfig launch);
 
 // Small-batch projection y[m, n] = sum_k a[m, k] * w[n, k] for M <= kGemvMaxRows,
-// one warp per output column, streaming w once. The input can be transformed on
-// the way in, and the output added to a residual, so decode needs fewer launches.
+// streaming w once through tensor-core MMAs (fp32 accumulation; a row's values
+// do not depend on M). The input can be transformed on the way in, and the
+// output added to a residual, so decode needs fewer launches.
 inline constexpr int kGemvMaxRows = 8;
 enum class GemvInput {
   kPlain,    // a = input [M, K]
@@ -231,57 +232,6 @@ struct GemvArgs {
 // M input rows of K and one norm row fit the GEMV's shared memory; K % 256 == 0.
 bool gemv_supported(int M, int K);
 cudaError_t launch_gemv(const GemvArgs& args, LaunchConfig launch);
-
-// The fused decode step (decode_fused.cu): every layer of a decode step of up
-// to kFusedDecodeMaxRows sequences (one new token each) in one cooperative
-// launch of one CTA per SM, with grid barriers between the stages. It gives
-// the same bits as the separate kernels (the GEMVs above, q/k norm + RoPE,
-// decode attention with 64-token partitions), reads layer 0's input straight
-// from the embedding table, and leaves the residual stream in x for the final
-// norm and LM head.
-inline constexpr int kFusedDecodeMaxRows = kGemvMaxRows;
-// Words of zeroed synchronisation state it needs (the step image's sync section).
-inline constexpr int kFusedDecodeSyncWords = 32 + kFusedDecodeMaxRows * 64;
-// Stages timed with FusedDecodeArgs::profile, in order: QKV staging, QKV, barrier; q/k norm,
-// attention, partition reduction, barrier; O staging, O, barrier; gate/up staging, gate/up,
-// barrier; down staging, down, barrier.
-inline constexpr int kFusedDecodeProfileStages = 16;
-inline constexpr int kFusedDecodeProfileWords = 20;
-struct FusedDecodeArgs {
-  // Decode attention of a pure decode pass as launch_decode_attention takes it,
-  // q/k norm + RoPE inputs included (its qkv: the QKV rows this kernel writes;
-  // q_norm / k_norm: layer 0's; out: the attention rows; partition_tokens 64).
-  AttentionArgs attn;
-  int M = 0;  // activation rows = decode sequences, in decode_seqs order
-  int num_layers = 0;
-  int hidden = 0;
-  int inter = 0;
-  const int32_t* tokens = nullptr;  // [M]
-  const bf16* embed = nullptr;
-  // Layer 0's weights (the layouts of GemvArgs); layer l's, and its q/k norms,
-  // are layer_stride elements further.
-  const bf16* qkv_w = nullptr;
-  const bf16* o_w = nullptr;
-  const bf16* gate_up_w = nullptr;
-  const bf16* down_w = nullptr;
-  const bf16* input_norm = nullptr;
-  const bf16* post_norm = nullptr;
-  size_t layer_stride = 0;
-  bf16* x = nullptr;    // [M, hidden]: the residual stream after the last layer
-  bf16* act = nullptr;  // [M, inter]
-  uint32_t* sync = nullptr;  // kFusedDecodeSyncWords zeroed words
-  // Optional timing: per CTA kFusedDecodeProfileWords counters, added to (SM
-  // cycles of each stage, then the cycles spent waiting for weights, the
-  // kernel's cycles and its nanoseconds).
-  unsigned long long* profile = nullptr;
-  // Set by launch_fused_decode: the shared-memory plan.
-  int off_norms = 0, off_stage = 0, off_own = 0, off_kv = 0, off_slots = 0;  // bytes into dynamic shared memory
-  int slot_bytes = 0, num_slots = 0;
-  int chunk_rows[4] = {0, 0, 0, 0};
-};
-bool fused_decode_supported(int num_heads, int num_kv_heads, int head_dim, int hidden, int inter, int M);
-// grid: sm_count CTAs (the device's SMs; the launch fails if they cannot all be resident).
-cudaError_t launch_fused_decode(FusedDecodeArgs args, int sm_count, LaunchConfig launch);
 
 // The batch-invariant projection: y[m, n] = sum_k a[m, k] * w[n, k] with bf16
 // tensor-core MMAs accumulating in fp32 over k in one fixed order (32-wide k

@@ -1,5 +1,5 @@
-// q/k RMSNorm + RoPE of one head vector, shared by the q/k norm kernel and the
-// fused decode kernel (.cu files only).
+// q/k RMSNorm + RoPE of one head vector, shared by the q/k norm kernel and
+// decode attention's own q/k norm (.cu files only).
 #pragma once
 
 #include <cuda_bf16.h>

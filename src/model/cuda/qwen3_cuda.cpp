@@ -28,11 +28,9 @@ static_assert(offsetof(cuda::SamplingRecord, banned_end) == offsetof(cuda::Sampl
 static_assert(cuda::kMaxBannedIdsPerRow == cuda::kMaxBannedPerRow);
 static_assert(cuda::kKvBlockSizeForPlan == cuda::kKvBlockSize);
 static_assert(cuda::kSampleOnHostToken == cuda::kSampleOnHost);
-static_assert(cuda::kStepSyncWords == cuda::kFusedDecodeSyncWords);
-// The step image's sync words (zeroed by every upload): the fused decode kernel's
-// barrier in word 0; the LM head's argmax keys, two words per row, from word 16;
-// the decode attention kernel's partition counters from word 32 (the fused
-// kernel's counters are there too, in the steps it runs instead).
+// The step image's sync words (zeroed by every upload): the LM head's argmax
+// keys, two words per row, from word 16; the decode attention kernel's
+// partition counters from word 32.
 constexpr size_t kArgmaxSyncOffset = 16;
 constexpr size_t kPartitionSyncOffset = 32;
 static_assert(kArgmaxSyncOffset + 2 * cuda::kGemvMaxRows <= kPartitionSyncOffset);
@@ -193,13 +191,11 @@ struct CudaQwen3::Impl {
   void* gemm_ws = nullptr;
   std::byte* meta = nullptr;
   int32_t* sampled = nullptr;
-  unsigned long long* fused_profile = nullptr;  // [sm_count, kFusedDecodeProfileWords] (options.profile)
   // options.trace: the timelines of a small-batch pass's trace_slots() launches (5 per layer).
   unsigned long long* trace_buf = nullptr;
   int trace_slots() const { return 5 * cfg.num_layers; }
   static constexpr size_t kTraceLaunchWords = static_cast<size_t>(cuda::kTraceCtas) * cuda::kTraceCtaWords;
   unsigned long long* trace_at(int slot) const { return trace_buf ? trace_buf + slot * kTraceLaunchWords : nullptr; }
-  bool fused_profiled = false;                  // the fused kernel ran since the last collect_profile
   size_t meta_capacity = 0;
   int logits_rows_cap = 0;
   int partial_parts = 0;
@@ -209,8 +205,6 @@ struct CudaQwen3::Impl {
 
   std::unique_ptr<cuda::CublasLtGemm> gemm;
   bool gemv_ok = false;
-  bool fused_ok = false;    // the fused decode kernel has this shape (create)
-  size_t layer_stride = 0;  // elements between one layer's weights and the next's
   int sm_count = 132;  // of the model's device, read at create
   std::map<GraphKey, cudaGraphExec_t> graphs;
 
@@ -276,12 +270,13 @@ struct CudaQwen3::Impl {
   }
   static constexpr int kShortPartitionBatch = cuda::kGemvMaxRows;
   static constexpr int kShortPartitionTokens = 64;
-  bool use_gemv(int T) const { return !opt.batch_invariant && gemv_ok && T <= cuda::kGemvMaxRows; }
+  bool use_gemv(int T) const {
+    const int rows = opt.gemv_max_rows < 0 ? cuda::kGemvMaxRows : std::min(opt.gemv_max_rows, cuda::kGemvMaxRows);
+    return !opt.batch_invariant && gemv_ok && T <= rows;
+  }
   cuda::LaunchConfig launch() const { return {stream, opt.programmatic_launch}; }
 
   Result<void> load_weights(const TensorStore& store);
-  // Sets layer_stride; false if the layers' weights are not evenly spaced.
-  bool uniform_layer_stride();
   // Writes checked tensors into the weights buffer and computes the RoPE tables.
   Result<void> write_weights(const WeightsLayout& L, const std::vector<TensorView>& views);
   Result<void> init_buffers();
@@ -290,10 +285,8 @@ struct CudaQwen3::Impl {
                             const KvCacheView& kv);
   Result<void> linear(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K);
   Result<void> enqueue_layers(const PassDevice& p);
-  bool use_fused(const PassDevice& p) const;
   static bool pure_decode(const PassDevice& p) { return p.D > 0 && p.D == p.T && p.W == 0; }
   cuda::AttentionArgs attention_args(const PassDevice& p) const;
-  Result<void> enqueue_fused_decode(const PassDevice& p);
   Result<void> enqueue_logits(const PassDevice& p, int r0, int r1);
   // Set by enqueue_logits: each logits row's first maximum (GemvArgs::argmax) when
   // its LM head GEMV computed every row, else null.
@@ -306,20 +299,6 @@ struct CudaQwen3::Impl {
   Result<void> decode_step(std::span<const SequenceChunk> batch, const KvCacheView& kv,
                            std::span<const cuda::SamplingRow> rows, bool sample);
 };
-
-bool CudaQwen3::Impl::uniform_layer_stride() {
-  layer_stride = layers.size() > 1 ? static_cast<size_t>(layers[1].qkv - layers[0].qkv) : 0;
-  for (size_t l = 0; l < layers.size(); ++l) {
-    const LayerWeights& a = layers[0];
-    const LayerWeights& b = layers[l];
-    const size_t off = l * layer_stride;
-    if (b.qkv != a.qkv + off || b.o != a.o + off || b.gate_up != a.gate_up + off || b.down != a.down + off ||
-        b.input_norm != a.input_norm + off || b.post_norm != a.post_norm + off || b.q_norm != a.q_norm + off ||
-        b.k_norm != a.k_norm + off)
-      return false;
-  }
-  return true;
-}
 
 Result<void> CudaQwen3::Impl::load_weights(const TensorStore& store) {
   const WeightsLayout L = weights_layout(cfg, opt.max_model_len);
@@ -414,7 +393,6 @@ Result<void> CudaQwen3::Impl::init_buffers() {
   const size_t ws_off = take(kGemmWorkspaceBytes);
   const size_t meta_off = take(meta_capacity);
   const size_t sampled_off = take(S * 4);
-  const size_t fused_profile_off = take(static_cast<size_t>(sm_count) * cuda::kFusedDecodeProfileWords * 8);
   const size_t trace_bytes = opt.trace ? trace_slots() * kTraceLaunchWords * 8 : 0;
   const size_t trace_off = take(trace_bytes);
   SIESTA_ASSIGN_OR_RETURN(scratch, cuda::DeviceBuffer::allocate(*alloc, at, cuda::DeviceMemoryTag::kScratch));
@@ -434,7 +412,6 @@ Result<void> CudaQwen3::Impl::init_buffers() {
   gemm_ws = b + ws_off;
   meta = b + meta_off;
   sampled = reinterpret_cast<int32_t*>(b + sampled_off);
-  fused_profile = reinterpret_cast<unsigned long long*>(b + fused_profile_off);
   if (opt.trace) trace_buf = reinterpret_cast<unsigned long long*>(b + trace_off);
 
   SIESTA_CUDA_TRY(cudaMallocHost(&host_meta, meta_capacity), "allocating pinned host memory for step metadata");
@@ -509,15 +486,8 @@ Result<void> CudaQwen3::Impl::linear(const bf16* a, const bf16* w, void* out, bo
   return gemm->run(a, w, out, out_f32, M, N, K, stream);
 }
 
-// A pure decode pass of up to 8 sequences at the 64-token partition: the
-// fused kernel, which gives the same bits as the per-layer kernels below.
-bool CudaQwen3::Impl::use_fused(const PassDevice& p) const {
-  return fused_ok && opt.fused_decode && use_gemv(p.T) && pure_decode(p) && p.S == p.T &&
-         p.partition_tokens == kShortPartitionTokens;
-}
-
 // Everything attention reads about pass p. A pure decode pass also gets the
-// q/k norm + RoPE inputs: its decode attention (or the fused kernel) does that
+// q/k norm + RoPE inputs: its decode attention does that
 // work and the KV write itself (per layer: q_norm, k_norm, layer).
 cuda::AttentionArgs CudaQwen3::Impl::attention_args(const PassDevice& p) const {
   cuda::AttentionArgs aa;
@@ -539,7 +509,7 @@ cuda::AttentionArgs CudaQwen3::Impl::attention_args(const PassDevice& p) const {
   aa.partial_parts = p.partial_parts;
   aa.partition_tokens = p.partition_tokens;
   // Decode partitions combined by their last CTA, on counters in the step image's
-  // sync words (zeroed by every upload; the fused kernel's first words left alone).
+  // sync words (zeroed by every upload).
   if (static_cast<size_t>(p.D) * cfg.num_kv_heads <= cuda::kStepSyncWords - kPartitionSyncOffset)
     aa.partition_done = p.sync + kPartitionSyncOffset;
   aa.cluster_partitions = true;  // contexts of 2 to 8 partitions of 64 (kernels.h)
@@ -556,51 +526,7 @@ cuda::AttentionArgs CudaQwen3::Impl::attention_args(const PassDevice& p) const {
   return aa;
 }
 
-Result<void> CudaQwen3::Impl::enqueue_fused_decode(const PassDevice& p) {
-  const LayerWeights& w = layers[0];
-  cuda::FusedDecodeArgs f;
-  f.attn = attention_args(p);
-  f.attn.q_norm = w.q_norm;  // layer 0's; layer l's at + l * layer_stride
-  f.attn.k_norm = w.k_norm;
-  f.M = p.T;
-  f.num_layers = cfg.num_layers;
-  f.hidden = hidden();
-  f.inter = cfg.intermediate_size;
-  f.tokens = p.tokens;
-  f.embed = embed;
-  f.qkv_w = w.qkv;
-  f.o_w = w.o;
-  f.gate_up_w = w.gate_up;
-  f.down_w = w.down;
-  f.input_norm = w.input_norm;
-  f.post_norm = w.post_norm;
-  f.layer_stride = layer_stride;
-  f.x = x;
-  f.act = act;
-  f.sync = p.sync;
-  if (opt.profile) {
-    if (!fused_profiled)
-      SIESTA_CUDA_TRY(cudaMemsetAsync(fused_profile, 0, sm_count * cuda::kFusedDecodeProfileWords * 8, stream),
-                      "clearing the fused decode profile");
-    f.profile = fused_profile;
-    fused_profiled = true;
-  }
-  const cudaError_t err = cuda::launch_fused_decode(f, sm_count, launch());
-  if (err == cudaErrorCooperativeLaunchTooLarge || err == cudaErrorInvalidValue) {
-    // Its CTAs cannot all be resident (or its shared-memory plan does not fit):
-    // the per-layer kernels from now on. Nothing was launched.
-    (void)cudaGetLastError();
-    fused_ok = false;
-    SIESTA_LOG_WARN("cuda: fused decode kernel unavailable ({}); using per-layer kernels", cudaGetErrorString(err));
-    return enqueue_layers(p);
-  }
-  SIESTA_CUDA_TRY(err, "fused decode step");
-  mark("fused_decode");
-  return {};
-}
-
 Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
-  if (use_fused(p)) return enqueue_fused_decode(p);
   const int T = p.T, H = hidden(), QD = cfg.q_dim(), I = cfg.intermediate_size;
   const bool small = use_gemv(T);
   // The first kernel of a pass follows the metadata copy, not a kernel: no overlap.
@@ -767,43 +693,9 @@ void CudaQwen3::Impl::mark(const char* label) {
   marks.emplace_back(label, e);
 }
 
-// Adds the time between consecutive marks to each mark's label, and the fused
-// decode kernel's stages (mean over its CTAs) as "fused_<stage>"; call after a sync.
+// Adds the time between consecutive marks to each mark's label; call after a sync.
 void CudaQwen3::Impl::collect_profile() {
   if (!opt.profile) return;
-  if (fused_profiled) {
-    fused_profiled = false;
-    constexpr int W = cuda::kFusedDecodeProfileWords, N = cuda::kFusedDecodeProfileStages;
-    std::vector<unsigned long long> rows(static_cast<size_t>(sm_count) * W);
-    if (cudaMemcpy(rows.data(), fused_profile, rows.size() * 8, cudaMemcpyDeviceToHost) == cudaSuccess) {
-      static const char* const kStages[N + 1] = {
-          "fused_qkv_stage", "fused_qkv",           "fused_qkv_sync",     "fused_qk_norm",  "fused_attention",
-          "fused_reduce",    "fused_attention_sync", "fused_o_stage",     "fused_o",        "fused_o_sync",
-          "fused_gate_up_stage", "fused_gate_up",  "fused_gate_up_sync", "fused_down_stage", "fused_down",
-          "fused_down_sync", "fused_weight_wait"};
-      double sum[N + 1] = {}, top[N + 1] = {}, cycles = 0, ns = 0;
-      for (int b = 0; b < sm_count; ++b) {
-        for (int i = 0; i <= N; ++i) {
-          sum[i] += static_cast<double>(rows[b * W + i]);
-          top[i] = std::max(top[i], static_cast<double>(rows[b * W + i]));
-        }
-        cycles += static_cast<double>(rows[b * W + N + 1]);
-        ns += static_cast<double>(rows[b * W + N + 2]);
-      }
-      const double ms_per_cycle = cycles > 0 ? ns / cycles * 1e-6 : 0;
-      SIESTA_LOG_DEBUG("cuda: fused decode ran at {:.2f} GHz (SM cycles per ns)", ns > 0 ? cycles / ns : 0.0);
-      auto add = [&](const std::string& label, double ms) {
-        auto it = std::find_if(profile_ms.begin(), profile_ms.end(), [&](const auto& p) { return p.first == label; });
-        if (it == profile_ms.end()) profile_ms.emplace_back(label, ms);
-        else it->second += ms;
-      };
-      // Mean over the CTAs, and the slowest CTA's.
-      for (int i = 0; i <= N; ++i) {
-        add(kStages[i], sum[i] / sm_count * ms_per_cycle);
-        add(std::string(kStages[i]) + "_max", top[i] * ms_per_cycle);
-      }
-    }
-  }
   for (size_t i = 1; i < marks.size(); ++i) {
     float ms = 0;
     if (cudaEventElapsedTime(&ms, marks[i - 1].second, marks[i].second) != cudaSuccess) continue;
@@ -939,9 +831,6 @@ Result<std::unique_ptr<CudaQwen3>> CudaQwen3::create(const ModelConfig& cfg, con
     return invalid_argument("CUDA model: batch-invariant mode needs vocab_size and q/k/v widths divisible by 8");
   SIESTA_TRY(impl->load_weights(store));
   SIESTA_TRY(impl->init_buffers());
-  impl->fused_ok = impl->gemv_ok && impl->uniform_layer_stride() &&
-                   cuda::fused_decode_supported(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, H, I,
-                                                cuda::kFusedDecodeMaxRows);
   SIESTA_LOG_INFO("cuda: Qwen3 loaded ({} layers, hidden {}), weights {:.1f} MiB, scratch {:.1f} MiB{}",
                   cfg.num_layers, H, impl->weights.bytes() / 1048576.0, impl->scratch.bytes() / 1048576.0,
                   options.batch_invariant ? ", batch-invariant" : "");

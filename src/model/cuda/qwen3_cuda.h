@@ -12,7 +12,8 @@
 // Weights and activations are bf16 with fp32 accumulation, rounded where
 // Hugging Face's bf16 model rounds (kernels.h) — the logits too: its LM head
 // outputs bf16, so equal bf16 logits tie there and here alike (lowest id wins). Projections go through
-// cuBLASLt, or through a fused GEMV for batches of up to 8 tokens, or — with
+// cuBLASLt, or through a tensor-core GEMV for batches of up to 8 tokens (with
+// the preceding norm or SiLU-mul and the residual add folded in), or — with
 // options.batch_invariant — through a fixed-order tensor-core GEMM whose
 // per-row arithmetic does not depend on the batch (nor does anything else:
 // then a request's logits, tokens and KV are bit-identical whatever it is
@@ -85,12 +86,10 @@ struct CudaModelOptions {
   // Decode attention partition (kernels.h: 64, 128 or 256 tokens) for every pass; 0: 64 tokens for
   // decode steps of up to 8 sequences (more CTAs where few would run), 256 otherwise.
   int decode_partition_tokens = 0;
-  // Decode steps of up to 8 sequences as one persistent kernel (kernels.h: launch_fused_decode)
-  // instead of ~5 kernels per layer; the same bits either way. Off by default: on the H200 it is
-  // 3-8% slower than the kernels it replaces (bench/results/cuda_notes.md). Needs the default
-  // decode partition (64 tokens at that size) and a compiled shape (head_dim 64 or 128, GQA
-  // group 1, 2, 4 or 8).
-  bool fused_decode = false;
+  // Passes of up to this many tokens take the GEMV kernel (kernels.h: launch_gemv, at most
+  // kGemvMaxRows) for their projections instead of cuBLASLt; -1: kGemvMaxRows. Results differ
+  // between the two by rounding. For benchmarks.
+  int gemv_max_rows = -1;
   // Time each kernel group with CUDA events between eager launches (no graphs);
   // read with CudaQwen3::profile(). For finding where time goes, not for speed.
   bool profile = false;

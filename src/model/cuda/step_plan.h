@@ -93,16 +93,16 @@ struct StepLayout {
   size_t decode_seqs = 0, prefill_items = 0, logits_rows = 0;
   size_t sampling = 0;  // SamplingRecord[rows] when sampling
   size_t banned = 0;    // int32[rows * kMaxBannedPerRow] when sampling
-  size_t sync = 0;  // kStepSyncWords zeroed int32: counters (fused decode kernel; decode attention partitions)
+  size_t sync = 0;  // kStepSyncWords zeroed int32: counters (LM head argmax keys; decode attention partitions)
   size_t block_tables = 0;
   size_t end = 0;  // bytes used
   bool has_sampling = false;
 };
 
-// Zeroed words at the end of every image: the fused decode kernel's grid
-// barrier and partition counters (kernels.h: kFusedDecodeSyncWords), reset by
-// the upload itself before each step, so no state carries over between steps
-// or across a sleep that unmapped the scratch memory.
+// Zeroed words at the end of every image: the LM head GEMV's argmax keys and
+// decode attention's partition counters (qwen3_cuda.cpp), reset by the upload
+// itself before each step, so no state carries over between steps or across a
+// sleep that unmapped the scratch memory.
 inline constexpr int kStepSyncWords = 32 + 8 * 64;
 
 // A sampling request for one logits row, as the device reads it (the layout
