@@ -435,6 +435,32 @@ TEST_F(CudaKernels, GemvWithEachPrologueAndEpilogue) {
           EXPECT_TRUE(std::equal(alone.begin(), alone.end(), got_f.begin())) << what << ": row 0 alone differs";
         }
       }
+      if (in == GemvInput::kSiluMul) continue;
+      // The SiLU-mul epilogue (weight rows [0, N/2) as gate, [N/2, N) as up): bit
+      // for bit launch_silu_mul on the bf16 output of the same rows, which also
+      // feeds a kSiluMul staging.
+      for (int N : {1024, 6000, 6144}) {
+        const std::string what = "M " + std::to_string(M) + " input " + std::to_string(static_cast<int>(in)) +
+                                 " SiLU-mul N " + std::to_string(N);
+        Bf16Array d_gu(static_cast<size_t>(M) * N), d_want(static_cast<size_t>(M) * N / 2),
+            d_got(static_cast<size_t>(M) * N / 2);
+        GemvArgs g{B(d_x), B(d_nw), 1e-6f, B(d_w), M, N, K, in, GemvOutput::kBf16, d_gu.get()};
+        CUDA_OK(launch_gemv(g, nullptr));
+        CUDA_OK(launch_silu_mul(B(d_gu), M, N / 2, B(d_want), nullptr));
+        g.output_kind = GemvOutput::kSiluMul;
+        g.out = d_got.get();
+        CUDA_OK(launch_gemv(g, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        const auto got = d_got.download();
+        EXPECT_TRUE(got == d_want.download()) << what;
+        // The bf16 projection itself against the reference product.
+        std::vector<float> want(static_cast<size_t>(M) * N);
+        for (int m = 0; m < M; ++m)
+          std::copy_n(want_all.begin() + static_cast<size_t>(m) * max_n, N, want.begin() + static_cast<size_t>(m) * N);
+        EXPECT_LT(rel_err(to_f32(d_gu.download()), want), 1e-2) << what;
+        EXPECT_TRUE(std::any_of(got.begin(), got.end(), [](uint16_t v) { return (v & 0x7fff) != 0; }))
+            << what << ": all zeros";
+      }
     }
   }
 }

@@ -138,6 +138,11 @@ __device__ void stage_input(const GemvArgs& a, bf16* s_a, int stride) {
 // added in warp order. A value depends on its row of A, its weight row and K
 // only: not on M, T or the grid.
 //
+// GemvOutput::kSiluMul: the CTA's 8 T weight rows are gate rows j0 .. j0 + 4T - 1
+// and then the up rows of the same j, so that it writes act[m, j] itself
+// (instead of every CTA of the down projection computing all of act in its
+// staging, GemvInput::kSiluMul).
+//
 // At M = 1, T = 2 (the QKV projection of Qwen3-0.6B at batch 1) it fits in
 // 80 registers: then an SM keeps room beside two of its CTAs for the next
 // kernel's (decode attention), which start their own copies before this one ends.
@@ -152,13 +157,18 @@ __global__ __launch_bounds__(kThreads, M == 1 && T == 2 ? 3 : 2) void gemv_kerne
   const int K = a.K, stride = K + kRowPad;
   bf16* s_a = reinterpret_cast<bf16*>(smem_raw);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const int n0 = blockIdx.x * kCols;
+  const bool silu = a.output_kind == GemvOutput::kSiluMul;
+  constexpr int kPairs = 4 * T;                         // kSiluMul: (gate, up) column pairs of a CTA
+  const int half = a.N / 2;                             // kSiluMul: rows of gate, and of up
+  const int n0 = blockIdx.x * (silu ? kPairs : kCols);  // kSiluMul: j0
   const int k0 = warp * (K / kWarps), steps = K / kWarps / 32;  // K % 256 == 0
-  const uint4* wrow[T];
+  const uint4* wrow[T];  // lane (g, q)'s 16 bytes of tile t at step s: wrow[t] + 4 s
 #pragma unroll
-  for (int t = 0; t < T; ++t)
-    wrow[t] = reinterpret_cast<const uint4*>(a.weight + static_cast<size_t>(min(n0 + 8 * t + g, a.N - 1)) * K + k0 +
-                                             8 * q);
+  for (int t = 0; t < T; ++t) {
+    const int c = 8 * t + g;  // the CTA's column
+    const int n = !silu ? min(n0 + c, a.N - 1) : c < kPairs ? min(n0 + c, half - 1) : half + min(n0 + c - kPairs, half - 1);
+    wrow[t] = reinterpret_cast<const uint4*>(a.weight + static_cast<size_t>(n) * K + k0 + 8 * q);
+  }
 
   // The first weight loads do not depend on the previous kernel: issue them
   // before waiting for it, so they overlap its tail (and the launch gap).
@@ -179,11 +189,12 @@ __global__ __launch_bounds__(kThreads, M == 1 && T == 2 ? 3 : 2) void gemv_kerne
   dev::wait_for_previous_kernel();
   if (a.release_after_wait) dev::allow_next_kernel();
   dev::trace_waited(a.trace);
-  // Thread i stores output (i / kCols, n0 + i % kCols);
-  // its residual value is read now, beside the staging.
-  const int out_m = threadIdx.x / kCols, out_n = n0 + threadIdx.x % kCols;
-  const bool stores = out_m < M && out_n < a.N;
-  const size_t out_idx = static_cast<size_t>(out_m) * a.N + out_n;
+  // Thread i stores output (i / cols, n0 + i % cols); its residual value is
+  // read now, beside the staging.
+  const int cols = silu ? kPairs : kCols, out_width = silu ? half : a.N;
+  const int out_m = threadIdx.x / cols, out_c = threadIdx.x % cols, out_n = n0 + out_c;
+  const bool stores = out_m < M && out_n < out_width;
+  const size_t out_idx = static_cast<size_t>(out_m) * out_width + out_n;
   const float resid =
       stores && a.output_kind == GemvOutput::kAddBf16 ? __bfloat162float(static_cast<const bf16*>(a.out)[out_idx]) : 0.0f;
   stage_input<M>(a, s_a, stride);
@@ -232,8 +243,14 @@ __global__ __launch_bounds__(kThreads, M == 1 && T == 2 ? 3 : 2) void gemv_kerne
   if (stores) {
     float v = 0.0f;
 #pragma unroll
-    for (int w8 = 0; w8 < kWarps; ++w8) v += red[(w8 * M + out_m) * kCols + threadIdx.x % kCols];
-    if (a.output_kind == GemvOutput::kLogits) {
+    for (int w8 = 0; w8 < kWarps; ++w8) v += red[(w8 * M + out_m) * kCols + out_c];
+    if (silu) {
+      float u = 0.0f;
+#pragma unroll
+      for (int w8 = 0; w8 < kWarps; ++w8) u += red[(w8 * M + out_m) * kCols + kPairs + out_c];
+      const float gate = round_bf16(v);
+      static_cast<bf16*>(a.out)[out_idx] = __float2bfloat16(round_bf16(gate / (1.0f + expf(-gate))) * round_bf16(u));
+    } else if (a.output_kind == GemvOutput::kLogits) {
       const float logit = round_bf16(v);
       static_cast<float*>(a.out)[out_idx] = logit;
       if (a.argmax) atomicMax(&best[out_m], dev::argmax_key(logit, out_n));
@@ -254,8 +271,9 @@ __global__ __launch_bounds__(kThreads, M == 1 && T == 2 ? 3 : 2) void gemv_kerne
 
 template <int M, int T>
 cudaError_t launch_mt(const GemvArgs& a, const LaunchConfig& launch) {
-  constexpr int cols_per_cta = 8 * T;
-  const int grid = (a.N + cols_per_cta - 1) / cols_per_cta;
+  const int cols_per_cta = a.output_kind == GemvOutput::kSiluMul ? 4 * T : 8 * T;  // kSiluMul: 4T of gate, 4T of up
+  const int cols = a.output_kind == GemvOutput::kSiluMul ? a.N / 2 : a.N;
+  const int grid = (cols + cols_per_cta - 1) / cols_per_cta;
   static const cudaError_t attr = cudaFuncSetAttribute(gemv_kernel<M, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                        static_cast<int>(kMaxSmem));
   if (attr != cudaSuccess) return attr;
