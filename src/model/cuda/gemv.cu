@@ -1,7 +1,7 @@
 // Small-batch projections (decode): y[m, n] = sum_k a[m, k] * w[n, k], M <= 8.
 //
 // At these sizes the weights are the whole cost, so the CTAs stream the weight
-// rows with 16-byte loads (12 in flight per lane) against the M input rows
+// rows with 16-byte loads (8 to 12 in flight per lane) against the M input rows
 // staged once per CTA in shared memory, and multiply on tensor cores. The
 // staging step applies the preceding RMSNorm or SiLU-mul, and the store can add
 // into the residual stream, which saves three launches per layer in decode. As
