@@ -460,6 +460,8 @@ TEST_F(CudaKernels, GemvWithEachPrologueAndEpilogue) {
         EXPECT_LT(rel_err(to_f32(d_gu.download()), want), 1e-2) << what;
         EXPECT_TRUE(std::any_of(got.begin(), got.end(), [](uint16_t v) { return (v & 0x7fff) != 0; }))
             << what << ": all zeros";
+        g.N = N - 1;  // no gate/up split: refused before any launch
+        EXPECT_EQ(launch_gemv(g, nullptr), cudaErrorInvalidValue) << what;
       }
     }
   }

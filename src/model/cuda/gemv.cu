@@ -312,7 +312,8 @@ bool gemv_supported(int M, int K) {
 }
 
 cudaError_t launch_gemv(const GemvArgs& a, LaunchConfig launch) {
-  if (!gemv_supported(a.M, a.K) || a.N <= 0) return cudaErrorInvalidValue;
+  if (!gemv_supported(a.M, a.K) || a.N <= 0 || (a.output_kind == GemvOutput::kSiluMul && a.N % 2 != 0))
+    return cudaErrorInvalidValue;
   switch (a.M) {
     case 1: return launch_m<1>(a, launch);
     case 2: return launch_m<2>(a, launch);

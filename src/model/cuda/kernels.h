@@ -206,7 +206,7 @@ enum class GemvOutput {
   kBf16,     // out bf16 [M, N] = bf16(acc)
   kAddBf16,  // out bf16 [M, N] = bf16(out + bf16(acc))  (residual add)
   kLogits,   // out fp32 [M, N] = bf16(acc): logits, rounded as HF's bf16 LM head rounds them
-  // w = [gate (N/2 rows) | up (N/2 rows)] (the MLP's gate_up): out bf16 [M, N/2] =
+  // w = [gate (N/2 rows) | up (N/2 rows)] (the MLP's gate_up; N even): out bf16 [M, N/2] =
   // bf16(bf16(silu(g)) * u), g = bf16(acc[:, :N/2]), u = bf16(acc[:, N/2:]); the same bits
   // as kBf16 followed by launch_silu_mul or by a GemvInput::kSiluMul staging.
   kSiluMul,
