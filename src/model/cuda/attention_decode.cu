@@ -158,12 +158,12 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
     __syncthreads();  // the staged rows and the new K/V row, for every thread
     const dev::StagedRows rows{dev::cache_rows(a, dslot, kvh), k_s, v_s, part * kP, staged, kStride};
     nparts = dev::decode_attention_item<kHeadDim, kGroup, kP>(a, dslot, kvh, part, q_group, rows, sm,
-                                                              [] { __syncthreads(); }, partial_smem, stat_smem);
+                                                              partial_smem, stat_smem);
   } else {
     __syncthreads();  // the new K/V row written above, for every thread
     nparts = dev::decode_attention_item<kHeadDim, kGroup, kP>(a, dslot, kvh, part, q_group,
                                                               dev::cache_rows(a, dslot, kvh), sm,
-                                                              [] { __syncthreads(); }, partial_smem, stat_smem);
+                                                              partial_smem, stat_smem);
   }
   dev::trace_mark(trace, 4);
   bf16* out_row = a.out + static_cast<size_t>(row) * a.num_heads * kHeadDim;

@@ -81,7 +81,7 @@ struct DecodeAttentionSmem {
 // partition order (reduce_partitions, or partition 0 of a cluster). Every
 // order depends only on the sequence's own length.
 //
-// Threads 0 .. kDecodeThreads-1 call it; `sync()` is their barrier. q_group:
+// Every thread of the CTA (kDecodeThreads) calls it. q_group:
 // the group's query heads [kGroup][kHeadDim], after q norm + RoPE (global or
 // shared memory). rows.k(t) / rows.v(t): the K / V row of the kv head at
 // position t (CacheRows: in the cache; or a copy in shared memory). Returns
@@ -92,9 +92,9 @@ struct DecodeAttentionSmem {
 // CTA or, through distributed shared memory, of another CTA of its cluster.
 // partial_smem may be &sm.red[0][0][0] (each thread rewrites only values it
 // has read).
-template <int kHeadDim, int kGroup, int kP, class Rows, class Sync>
+template <int kHeadDim, int kGroup, int kP, class Rows>
 __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh, int part, const bf16* q_group,
-                                     const Rows& rows, DecodeAttentionSmem<kHeadDim, kGroup, kP>& sm, Sync sync,
+                                     const Rows& rows, DecodeAttentionSmem<kHeadDim, kGroup, kP>& sm,
                                      float* partial_smem = nullptr, float* stat_smem = nullptr) {
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per K row
   auto& q_s = sm.q;
@@ -124,7 +124,7 @@ __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh,
     const int g = i / kHeadDim, d = i % kHeadDim;
     q_s[g][d] = __bfloat162float(q_group[g * kHeadDim + d]) * qscale;
   }
-  sync();
+  __syncthreads();
 
   const int p0 = part * kP;
   const int n = min(kv_len, p0 + kP) - p0;
@@ -164,7 +164,7 @@ __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh,
       for (int g = 0; g < kGroup; ++g) p_s[g][j] = s[g];
     }
   }
-  sync();
+  __syncthreads();
 
   // Softmax over the partition, all heads of the group at once, in a fixed order.
   {
@@ -178,7 +178,7 @@ __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh,
     if (lane == 0)
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) group_s[warp][g] = m[g];
-    sync();
+    __syncthreads();
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
       m[g] = group_s[0][g];
@@ -192,11 +192,11 @@ __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh,
       }
       l[g] = dev::warp_sum(l[g]);
     }
-    sync();  // every thread has read group_s
+    __syncthreads();  // every thread has read group_s
     if (lane == 0)
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) group_s[warp][g] = l[g];
-    sync();
+    __syncthreads();
     if (threadIdx.x < kGroup) {
       const int g = threadIdx.x;
       float sum = 0.0f;
@@ -208,7 +208,7 @@ __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh,
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) stat_s[g][0] = m[g];
   }
-  sync();
+  __syncthreads();
 
   // P V: a V row is kHeadDim / 8 lanes of 16 bytes, so a warp covers
   // kTokensPerStep tokens per load and keeps kUnroll loads in flight per lane.
@@ -259,7 +259,7 @@ __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh,
     for (int g = 0; g < kGroup; ++g)
 #pragma unroll
       for (int e = 0; e < 8; ++e) red_s[warp][g][dim0 + e] = o[g][e];
-  sync();
+  __syncthreads();
 
   for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kDecodeThreads) {
     const int g = i / kHeadDim, d = i % kHeadDim;
