@@ -653,6 +653,20 @@ TEST_F(CudaKernels, DecodeAttentionSplitsLongContextsAndMatchesReference) {
         EXPECT_TRUE(std::equal(clustered.begin() + s * row_elems, clustered.begin() + (s + 1) * row_elems,
                                out_bits.begin() + s * row_elems))
             << heads << "/" << kvh << ": sequence " << s << " (" << lens[s] << " tokens) in a cluster";
+      // Each short sequence alone: grids small enough to run one CTA per SM (more shared memory
+      // per CTA), the same bits.
+      for (int s : short_seqs) {
+        DeviceArray<int32_t> d_one(1);
+        d_one.upload(std::vector<int32_t>{s});
+        a.decode_seqs = d_one.get();
+        CUDA_OK(cudaMemset(d_out.get(), 0xff, static_cast<size_t>(S) * heads * hd * 2));
+        CUDA_OK(launch_decode_attention(a, 1, std::max(1, (lens[s] + 63) / 64), nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        const auto alone = d_out.download();
+        EXPECT_TRUE(std::equal(alone.begin() + s * row_elems, alone.begin() + (s + 1) * row_elems,
+                               out_bits.begin() + s * row_elems))
+            << heads << "/" << kvh << ": sequence " << s << " (" << lens[s] << " tokens) alone in a cluster";
+      }
       a.cluster_partitions = false;
       a.decode_seqs = d_dec.get();
     }

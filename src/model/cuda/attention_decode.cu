@@ -8,6 +8,9 @@
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 #include <cmath>
 
 #include "model/cuda/attention_decode.cuh"
@@ -21,9 +24,10 @@ namespace {
 namespace cg = cooperative_groups;
 constexpr int kMaxClusterPartitions = 8;  // the portable cluster size
 
-// Whether the kernel copies its partition's cached K/V rows to shared memory
-// before waiting for the previous kernel: short partitions, where they fit
-// beside the other shared memory in the 48 KB of a static allocation.
+// Whether the kernel copies its partition's K/V rows to shared memory (the
+// cached ones before waiting for the previous kernel) and attends to them on
+// tensor cores (dev::decode_attention_item_mma): short partitions, where they
+// fit beside the other shared memory in the 48 KB of a static allocation.
 template <int kHeadDim, int kGroup, int kP>
 constexpr bool kStageKv = kP == 64 && sizeof(dev::DecodeAttentionSmem<kHeadDim, kGroup, kP>) + kGroup * kHeadDim * 2 +
                                           3 * kHeadDim * 2 + 2 * kP * (kHeadDim + dev::kKvRowPad) * 2 <= 48 * 1024;
@@ -91,6 +95,14 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
   dev::wait_for_previous_kernel();
+  if constexpr (kStage) {
+    // Without qkv the new token's row is in the cache, written by the previous kernel: now it may be copied.
+    if (!a.qkv && len > 0 && part == nparts_here - 1) {
+      dev::stage_kv_rows<kHeadDim>(dev::cache_rows(a, dslot, kvh), len - 1, 1, k_s + staged * kStride,
+                                   v_s + staged * kStride, dev::kDecodeThreads);
+      ++staged;
+    }
+  }
   if constexpr (kCluster) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every CTA has started
   dev::trace_waited(trace);
   const bf16* q_group = a.q + (static_cast<size_t>(row) * a.num_heads + kvh * kGroup) * kHeadDim;
@@ -156,9 +168,8 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
   if constexpr (kStage) {
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();  // the staged rows and the new K/V row, for every thread
-    const dev::StagedRows rows{dev::cache_rows(a, dslot, kvh), k_s, v_s, part * kP, staged, kStride};
-    nparts = dev::decode_attention_item<kHeadDim, kGroup, kP>(a, dslot, kvh, part, q_group, rows, sm,
-                                                              partial_smem, stat_smem);
+    nparts = dev::decode_attention_item_mma<kHeadDim, kGroup, kP>(a, dslot, kvh, part, q_group, k_s, v_s, kStride, sm,
+                                                                  partial_smem, stat_smem);
   } else {
     __syncthreads();  // the new K/V row written above, for every thread
     nparts = dev::decode_attention_item<kHeadDim, kGroup, kP>(a, dslot, kvh, part, q_group,
@@ -237,22 +248,44 @@ cudaError_t launch_clusters(const AttentionArgs& a, int num_decode, int max_part
   cfg.gridDim = dim3(a.num_kv_heads, max_partitions, num_decode);
   cfg.blockDim = dev::kDecodeThreads;
   cfg.stream = launch.stream;
-  constexpr size_t kInboxMax = (kMaxClusterPartitions - 1) * kGroup * (kHeadDim + 2) * sizeof(float);
-  static const cudaError_t attr = cudaFuncSetAttribute(decode_attention_kernel<kHeadDim, kGroup, kP, true>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       static_cast<int>(kInboxMax));
+  static constexpr size_t kInboxMax = (kMaxClusterPartitions - 1) * kGroup * (kHeadDim + 2) * sizeof(float);
+  auto* const kernel = decode_attention_kernel<kHeadDim, kGroup, kP, true>;
+  // A grid of at most half as many CTAs as the device has SMs (batch 1 and 2 of
+  // a model with 8 kv heads and up to 256 tokens) runs one CTA per SM: its
+  // dynamic shared memory is sized so that no second one fits beside it (the
+  // GEMVs' CTAs still do). 0.6B shape, H200, one A/B call: batch 2 0.79 -> 0.72
+  // ms per step, batch 1 0.68 -> 0.67; at batch 4 (128 CTAs) one per SM
+  // measured 0.84 -> 0.93, hence the half.
+  static const size_t spread_smem = [&] {
+    int device = 0, per_sm = 0, reserved = 0;
+    cudaFuncAttributes fa{};
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) != cudaSuccess ||
+        cudaFuncGetAttributes(&fa, kernel) != cudaSuccess)
+      return kInboxMax;
+    const long over_half = per_sm / 2 + 16 - static_cast<long>(fa.sharedSizeBytes) - reserved;
+    return std::max(kInboxMax, static_cast<size_t>(std::max(0L, over_half) + 15) / 16 * 16);
+  }();
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(spread_smem));
   if (attr != cudaSuccess) return attr;
-  cfg.dynamicSmemBytes = kInboxMax;  // the kernel's layout is for kMaxClusterPartitions
+  const int ctas = a.num_kv_heads * max_partitions * num_decode;
+  const size_t smem = 2 * ctas <= sm_count() ? spread_smem : kInboxMax;
+  cfg.dynamicSmemBytes = smem;  // at least the inbox: the kernel's layout is for kMaxClusterPartitions
   cudaLaunchAttribute attrs[2]{};
   attrs[0].id = cudaLaunchAttributeClusterDimension;
   attrs[0].val.clusterDim.x = 1;
   attrs[0].val.clusterDim.y = max_partitions;
   attrs[0].val.clusterDim.z = 1;
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  int nattrs = 1;
+  if (launch.overlap) {
+    attrs[nattrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[nattrs++].val.programmaticStreamSerializationAllowed = 1;
+  }
   cfg.attrs = attrs;
-  cfg.numAttrs = launch.overlap ? 2 : 1;
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, decode_attention_kernel<kHeadDim, kGroup, kP, true>, a);
+  cfg.numAttrs = nattrs;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, a);
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 

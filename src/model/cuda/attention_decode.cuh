@@ -10,6 +10,7 @@
 
 #include "model/cuda/device_util.cuh"
 #include "model/cuda/kernels.h"
+#include "model/cuda/mma.cuh"
 
 namespace siesta::cuda::dev {
 
@@ -31,22 +32,10 @@ __device__ inline CacheRows cache_rows(const AttentionArgs& a, int dslot, int kv
   return {a.kv, a.block_tables + a.seq_table_start[a.decode_seqs[dslot]], a.layer, kvh};
 }
 
-// The same rows with those of positions [p0, p0 + n_s) copied to shared memory
-// (rows of `stride` bf16: head_dim + kKvRowPad); the rest read from the cache.
-inline constexpr int kKvRowPad = 8;  // bf16 after each row: lane-per-token reads without bank conflicts
-struct StagedRows {
-  static constexpr int kKBatch = 4;  // mostly shared memory: fewer registers, less code
-  static constexpr int kVBatch = 2;
-  CacheRows cache;
-  const bf16* k_s;
-  const bf16* v_s;
-  int p0, n_s, stride;
-  __device__ bool staged(int t) const { return static_cast<unsigned>(t - p0) < static_cast<unsigned>(n_s); }
-  __device__ const bf16* k(int t) const { return staged(t) ? k_s + (t - p0) * stride : cache.k(t); }
-  __device__ const bf16* v(int t) const { return staged(t) ? v_s + (t - p0) * stride : cache.v(t); }
-};
+// A partition's K and V rows copied to shared memory: rows of head_dim + kKvRowPad bf16.
+inline constexpr int kKvRowPad = 8;  // bf16 after each row: MMA fragment reads without bank conflicts
 
-// Starts copying rows [p0, p0 + n) of `rows` to k_s / v_s (StagedRows' layout)
+// Starts copying rows [p0, p0 + n) of `rows` to k_s / v_s (rows of head_dim + kKvRowPad)
 // with cp.async, threads 0 .. threads-1; one commit group.
 template <int kHeadDim>
 __device__ __forceinline__ void stage_kv_rows(const CacheRows& rows, int p0, int n, bf16* k_s, bf16* v_s,
@@ -84,7 +73,7 @@ struct DecodeAttentionSmem {
 // Every thread of the CTA (kDecodeThreads) calls it. q_group:
 // the group's query heads [kGroup][kHeadDim], after q norm + RoPE (global or
 // shared memory). rows.k(t) / rows.v(t): the K / V row of the kv head at
-// position t (CacheRows: in the cache; or a copy in shared memory). Returns
+// position t in the cache (CacheRows). Returns
 // the sequence's partition count (0: padding).
 // partial_smem / stat_smem: a partition of a longer sequence leaves its
 // normalised output there ([kGroup][kHeadDim]) with its (max, sum) per head
@@ -138,8 +127,8 @@ __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh,
       float s[kGroup];
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) s[g] = 0.0f;
-      // The K row in batches of Rows::kKBatch 16-byte loads (all of it from the
-      // cache, where every load is a round trip); the same sums either way.
+      // The K row in batches of Rows::kKBatch 16-byte loads (each a round trip
+      // to the cache); the same sums whatever the batch.
       constexpr int kBatch = Rows::kKBatch < kChunks ? Rows::kKBatch : kChunks;
 #pragma unroll
       for (int c0 = 0; c0 < kChunks; c0 += kBatch) {
@@ -283,6 +272,162 @@ __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh,
         a.partial_ml[base * 2 + 1] = stat_s[g][1];
       }
     }
+  }
+  return nparts;
+}
+
+// decode_attention_item's contract for a partition whose K and V rows are all
+// in shared memory (k_s / v_s: rows p0 .. p0 + n - 1 at `stride` bf16, n <= kP),
+// on tensor cores: the scores as mma.m16n8k16 with the group's query heads as
+// the rows of A (rows kGroup.. zero) and 8 tokens' K rows as B, a warp taking
+// 16 tokens; the softmax as decode_attention_item's, in the same fixed order;
+// then P V with the probabilities rounded to bf16 as A (as the prefill kernels
+// and HF's bf16 attention round them) and V through ldmatrix.trans as B, a warp
+// taking kHeadDim / 4 dimensions over all the tokens, so no warp sums meet.
+template <int kHeadDim, int kGroup, int kP>
+__device__ int decode_attention_item_mma(const AttentionArgs& a, int dslot, int kvh, int part, const bf16* q_group,
+                                         const bf16* k_s, const bf16* v_s, int stride,
+                                         DecodeAttentionSmem<kHeadDim, kGroup, kP>& sm, float* partial_smem,
+                                         float* stat_smem) {
+  static_assert(kP == 16 * kDecodeWarps, "a warp's scores are 16 tokens");
+  static_assert(kGroup <= 8, "the group's heads are rows 0..7 of A");
+  auto& p_s = sm.p;
+  auto& stat_s = sm.stat;
+  auto& group_s = sm.group;
+  const int seq = a.decode_seqs[dslot];
+  const int kv_len = a.seq_kv_len[seq];
+  const int row = a.seq_q_start[seq];
+  const int h0 = kvh * kGroup;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  bf16* out_row = a.out + static_cast<size_t>(row) * a.num_heads * kHeadDim;
+  if (kv_len <= 0) {
+    if (part == 0)
+      for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kDecodeThreads) out_row[h0 * kHeadDim + i] = __float2bfloat16(0.0f);
+    return 0;
+  }
+  const int nparts = (kv_len + kP - 1) / kP;
+  if (part >= nparts) return nparts;
+  const int n = min(kv_len, (part + 1) * kP) - part * kP;
+  const float qscale = a.scale * kLog2e;  // scores in the log2 domain
+
+  // Scores of tokens [16 warp, 16 warp + 16): two n8 tiles, K over head_dim in k16 steps.
+  const int t0 = 16 * warp;
+  if (t0 < n) {
+    float acc[2][4] = {};
+    const bool head = g < kGroup;
+    const bf16* qrow = q_group + min(g, kGroup - 1) * kHeadDim + 2 * q;
+#pragma unroll
+    for (int s = 0; s < kHeadDim / 16; ++s) {
+      const uint32_t qa[4] = {head ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s) : 0u, 0u,
+                              head ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 8) : 0u, 0u};
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const bf16* krow = k_s + (t0 + 8 * i + g) * stride + 16 * s + 2 * q;  // rows past n: read, never used
+        mma_bf16(acc[i], qa, *reinterpret_cast<const uint32_t*>(krow), *reinterpret_cast<const uint32_t*>(krow + 8));
+      }
+    }
+    if (head)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int j = t0 + 8 * i + 2 * q;
+        if (j < n) p_s[g][j] = acc[i][0] * qscale;
+        if (j + 1 < n) p_s[g][j + 1] = acc[i][1] * qscale;
+      }
+  }
+  __syncthreads();
+
+  // Softmax over the partition, as decode_attention_item's.
+  {
+    float m[kGroup], l[kGroup];
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) {
+      m[h] = -INFINITY;
+      for (int j = threadIdx.x; j < n; j += kDecodeThreads) m[h] = fmaxf(m[h], p_s[h][j]);
+      m[h] = warp_max(m[h]);
+    }
+    if (lane == 0)
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) group_s[warp][h] = m[h];
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) {
+      m[h] = group_s[0][h];
+#pragma unroll
+      for (int w = 1; w < kDecodeWarps; ++w) m[h] = fmaxf(m[h], group_s[w][h]);
+      l[h] = 0.0f;
+      for (int j = threadIdx.x; j < n; j += kDecodeThreads) {
+        const float e = exp2f(p_s[h][j] - m[h]);
+        p_s[h][j] = e;
+        l[h] += e;
+      }
+      l[h] = warp_sum(l[h]);
+    }
+    __syncthreads();  // every thread has read group_s
+    if (lane == 0)
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) group_s[warp][h] = l[h];
+    __syncthreads();
+    if (threadIdx.x < kGroup) {
+      const int h = threadIdx.x;
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) sum += group_s[w][h];
+      stat_s[h][1] = sum;
+    }
+    if (threadIdx.x == 0)
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) stat_s[h][0] = m[h];
+  }
+  __syncthreads();
+
+  // P V: dimensions [warp kHeadDim / 4, +kHeadDim / 4) in n8 tiles, two per ldmatrix.x4.trans.
+  constexpr int kDims = kHeadDim / kDecodeWarps, kTiles = kDims / 8;
+  static_assert(kTiles % 2 == 0, "V tiles in pairs");
+  const int d0 = warp * kDims;
+  float o[kTiles][4] = {};
+  const bool head = g < kGroup;
+  const float* prow = p_s[min(g, kGroup - 1)];
+  for (int s = 0; s * 16 < n; ++s) {
+    const int j = 16 * s + 2 * q;
+    const uint32_t pa[4] = {head ? pack_bf16(j < n ? prow[j] : 0.0f, j + 1 < n ? prow[j + 1] : 0.0f) : 0u, 0u,
+                            head ? pack_bf16(j + 8 < n ? prow[j + 8] : 0.0f, j + 9 < n ? prow[j + 9] : 0.0f) : 0u,
+                            0u};
+    // Lanes 8i..8i+7 address matrix i: tokens 16 s + 8 (i & 1) + r, dimensions + 8 (i >> 1).
+    const int mi = lane >> 3, r = lane & 7;
+    const int tok = min(16 * s + 8 * (mi & 1) + r, n - 1);  // past n: a valid row, times zero
+#pragma unroll
+    for (int t = 0; t < kTiles; t += 2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, v_s + tok * stride + d0 + 8 * t + 8 * (mi >> 1));
+      mma_bf16(o[t], pa, b[0], b[1]);
+      mma_bf16(o[t + 1], pa, b[2], b[3]);
+    }
+  }
+  if (head) {
+    const float inv_l = 1.0f / stat_s[g][1];
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int d = d0 + 8 * t + 2 * q + e;
+        const float val = o[t][e] * inv_l;
+        if (nparts == 1) {
+          out_row[(h0 + g) * kHeadDim + d] = __float2bfloat16(val);
+        } else if (partial_smem != nullptr) {
+          partial_smem[g * kHeadDim + d] = val;
+          if (d == 0) {
+            stat_smem[2 * g] = stat_s[g][0];
+            stat_smem[2 * g + 1] = stat_s[g][1];
+          }
+        } else {
+          const size_t base = (static_cast<size_t>(dslot) * a.num_heads + h0 + g) * a.partial_parts + part;
+          a.partial_out[base * kHeadDim + d] = val;
+          if (d == 0) {
+            a.partial_ml[base * 2] = stat_s[g][0];
+            a.partial_ml[base * 2 + 1] = stat_s[g][1];
+          }
+        }
+      }
   }
   return nparts;
 }

@@ -3,6 +3,7 @@
 
 #include <cuda_bf16.h>
 
+#include <atomic>
 #include <cstdint>
 #include <utility>
 
@@ -29,6 +30,19 @@ cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, 
   }
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+// The current device's SM count, read once per device.
+inline int sm_count() {
+  static std::atomic<int> counts[64] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 132;
+  int n = counts[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) return 132;
+    counts[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
 }
 
 }  // namespace siesta::cuda

@@ -10,7 +10,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 
 #include "model/cuda/device_util.cuh"
@@ -278,18 +277,6 @@ cudaError_t launch_mt(const GemvArgs& a, const LaunchConfig& launch) {
                                                        static_cast<int>(kMaxSmem));
   if (attr != cudaSuccess) return attr;
   return launch_kernel(gemv_kernel<M, T>, grid, kThreads, gemv_smem(a), launch, a);
-}
-
-int sm_count() {
-  static std::atomic<int> counts[64] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 132;
-  int n = counts[device].load(std::memory_order_relaxed);
-  if (n == 0) {
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0) return 132;
-    counts[device].store(n, std::memory_order_relaxed);
-  }
-  return n;
 }
 
 template <int M>
