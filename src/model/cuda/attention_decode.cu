@@ -96,8 +96,9 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
   }
   dev::wait_for_previous_kernel();
   if constexpr (kStage) {
-    // Without qkv the new token's row is in the cache, written by the previous kernel: now it may be copied.
-    if (!a.qkv && len > 0 && part == nparts_here - 1) {
+    // Unless this kernel writes the new token's row itself (qkv, and a slot), attention reads
+    // that row from the cache, where without qkv the previous kernel wrote it: copied only now.
+    if (len > 0 && part == nparts_here - 1 && (!a.qkv || slot < 0)) {
       dev::stage_kv_rows<kHeadDim>(dev::cache_rows(a, dslot, kvh), len - 1, 1, k_s + staged * kStride,
                                    v_s + staged * kStride, dev::kDecodeThreads);
       ++staged;
