@@ -61,6 +61,85 @@ struct DecodeAttentionSmem {
   float group[kDecodeWarps][kGroup];
 };
 
+// The softmax over a partition's n scores per query head (sm.p, in the log2
+// domain), all heads of the group at once, in a fixed order: sm.p becomes
+// exp2(score - max) and sm.stat[g] = (max, sum). Every thread of the CTA calls
+// it; it ends with a barrier.
+template <int kHeadDim, int kGroup, int kP>
+__device__ void partition_softmax(DecodeAttentionSmem<kHeadDim, kGroup, kP>& sm, int n) {
+  auto& p_s = sm.p;
+  auto& stat_s = sm.stat;
+  auto& group_s = sm.group;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float m[kGroup], l[kGroup];
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    m[g] = -INFINITY;
+    for (int j = threadIdx.x; j < n; j += kDecodeThreads) m[g] = fmaxf(m[g], p_s[g][j]);
+    m[g] = dev::warp_max(m[g]);
+  }
+  if (lane == 0)
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) group_s[warp][g] = m[g];
+  __syncthreads();
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g) {
+    m[g] = group_s[0][g];
+#pragma unroll
+    for (int w = 1; w < kDecodeWarps; ++w) m[g] = fmaxf(m[g], group_s[w][g]);
+    l[g] = 0.0f;
+    for (int j = threadIdx.x; j < n; j += kDecodeThreads) {
+      const float e = exp2f(p_s[g][j] - m[g]);
+      p_s[g][j] = e;
+      l[g] += e;
+    }
+    l[g] = dev::warp_sum(l[g]);
+  }
+  __syncthreads();  // every thread has read group_s
+  if (lane == 0)
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) group_s[warp][g] = l[g];
+  __syncthreads();
+  if (threadIdx.x < kGroup) {
+    const int g = threadIdx.x;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) sum += group_s[w][g];
+    stat_s[g][1] = sum;
+  }
+  if (threadIdx.x == 0)
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) stat_s[g][0] = m[g];
+  __syncthreads();
+}
+
+// Value (g, d) of a partition's normalised output: the sequence's output row
+// when it has one partition; else its partial, with the head's (max, sum)
+// beside d == 0, in partial_smem / stat_smem when given (decode_attention_item
+// says where those are), or in partial_out / partial_ml.
+template <int kHeadDim, int kGroup, int kP>
+__device__ __forceinline__ void store_partition_value(const AttentionArgs& a,
+                                                      const DecodeAttentionSmem<kHeadDim, kGroup, kP>& sm,
+                                                      bf16* out_row, int dslot, int h0, int part, int nparts, int g,
+                                                      int d, float val, float* partial_smem, float* stat_smem) {
+  if (nparts == 1) {
+    out_row[(h0 + g) * kHeadDim + d] = __float2bfloat16(val);
+  } else if (partial_smem != nullptr) {
+    partial_smem[g * kHeadDim + d] = val;
+    if (d == 0) {
+      stat_smem[2 * g] = sm.stat[g][0];
+      stat_smem[2 * g + 1] = sm.stat[g][1];
+    }
+  } else {
+    const size_t base = (static_cast<size_t>(dslot) * a.num_heads + h0 + g) * a.partial_parts + part;
+    a.partial_out[base * kHeadDim + d] = val;
+    if (d == 0) {
+      a.partial_ml[base * 2] = sm.stat[g][0];
+      a.partial_ml[base * 2 + 1] = sm.stat[g][1];
+    }
+  }
+}
+
 // One CTA per (kv head, partition of kP tokens, sequence) serves the whole GQA
 // group of that kv head, so K and V are read once per group. Memory-bound, so
 // plain fp32 FMAs: lane-per-token dot products for the scores, a fixed-order
@@ -90,7 +169,6 @@ __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh,
   auto& p_s = sm.p;
   auto& red_s = sm.red;
   auto& stat_s = sm.stat;
-  auto& group_s = sm.group;
 
   const int seq = a.decode_seqs[dslot];
   const int kv_len = a.seq_kv_len[seq];
@@ -155,49 +233,7 @@ __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh,
   }
   __syncthreads();
 
-  // Softmax over the partition, all heads of the group at once, in a fixed order.
-  {
-    float m[kGroup], l[kGroup];
-#pragma unroll
-    for (int g = 0; g < kGroup; ++g) {
-      m[g] = -INFINITY;
-      for (int j = threadIdx.x; j < n; j += kDecodeThreads) m[g] = fmaxf(m[g], p_s[g][j]);
-      m[g] = dev::warp_max(m[g]);
-    }
-    if (lane == 0)
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) group_s[warp][g] = m[g];
-    __syncthreads();
-#pragma unroll
-    for (int g = 0; g < kGroup; ++g) {
-      m[g] = group_s[0][g];
-#pragma unroll
-      for (int w = 1; w < kDecodeWarps; ++w) m[g] = fmaxf(m[g], group_s[w][g]);
-      l[g] = 0.0f;
-      for (int j = threadIdx.x; j < n; j += kDecodeThreads) {
-        const float e = exp2f(p_s[g][j] - m[g]);
-        p_s[g][j] = e;
-        l[g] += e;
-      }
-      l[g] = dev::warp_sum(l[g]);
-    }
-    __syncthreads();  // every thread has read group_s
-    if (lane == 0)
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) group_s[warp][g] = l[g];
-    __syncthreads();
-    if (threadIdx.x < kGroup) {
-      const int g = threadIdx.x;
-      float sum = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) sum += group_s[w][g];
-      stat_s[g][1] = sum;
-    }
-    if (threadIdx.x == 0)
-#pragma unroll
-      for (int g = 0; g < kGroup; ++g) stat_s[g][0] = m[g];
-  }
-  __syncthreads();
+  partition_softmax(sm, n);
 
   // P V: a V row is kHeadDim / 8 lanes of 16 bytes, so a warp covers
   // kTokensPerStep tokens per load and keeps kUnroll loads in flight per lane.
@@ -255,23 +291,8 @@ __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh,
     float sum = 0.0f;
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) sum += red_s[w][g][d];
-    const float val = sum / stat_s[g][1];
-    if (nparts == 1) {
-      out_row[(h0 + g) * kHeadDim + d] = __float2bfloat16(val);
-    } else if (partial_smem != nullptr) {
-      partial_smem[g * kHeadDim + d] = val;  // only this thread reads or writes (g, d) in this loop
-      if (d == 0) {
-        stat_smem[2 * g] = stat_s[g][0];
-        stat_smem[2 * g + 1] = stat_s[g][1];
-      }
-    } else {
-      const size_t base = (static_cast<size_t>(dslot) * a.num_heads + h0 + g) * a.partial_parts + part;
-      a.partial_out[base * kHeadDim + d] = val;
-      if (d == 0) {
-        a.partial_ml[base * 2] = stat_s[g][0];
-        a.partial_ml[base * 2 + 1] = stat_s[g][1];
-      }
-    }
+    // Only this thread reads or writes (g, d) in this loop (partial_smem may be sm.red).
+    store_partition_value(a, sm, out_row, dslot, h0, part, nparts, g, d, sum / stat_s[g][1], partial_smem, stat_smem);
   }
   return nparts;
 }
@@ -293,7 +314,6 @@ __device__ int decode_attention_item_mma(const AttentionArgs& a, int dslot, int 
   static_assert(kGroup <= 8, "the group's heads are rows 0..7 of A");
   auto& p_s = sm.p;
   auto& stat_s = sm.stat;
-  auto& group_s = sm.group;
   const int seq = a.decode_seqs[dslot];
   const int kv_len = a.seq_kv_len[seq];
   const int row = a.seq_q_start[seq];
@@ -336,49 +356,7 @@ __device__ int decode_attention_item_mma(const AttentionArgs& a, int dslot, int 
   }
   __syncthreads();
 
-  // Softmax over the partition, as decode_attention_item's.
-  {
-    float m[kGroup], l[kGroup];
-#pragma unroll
-    for (int h = 0; h < kGroup; ++h) {
-      m[h] = -INFINITY;
-      for (int j = threadIdx.x; j < n; j += kDecodeThreads) m[h] = fmaxf(m[h], p_s[h][j]);
-      m[h] = warp_max(m[h]);
-    }
-    if (lane == 0)
-#pragma unroll
-      for (int h = 0; h < kGroup; ++h) group_s[warp][h] = m[h];
-    __syncthreads();
-#pragma unroll
-    for (int h = 0; h < kGroup; ++h) {
-      m[h] = group_s[0][h];
-#pragma unroll
-      for (int w = 1; w < kDecodeWarps; ++w) m[h] = fmaxf(m[h], group_s[w][h]);
-      l[h] = 0.0f;
-      for (int j = threadIdx.x; j < n; j += kDecodeThreads) {
-        const float e = exp2f(p_s[h][j] - m[h]);
-        p_s[h][j] = e;
-        l[h] += e;
-      }
-      l[h] = warp_sum(l[h]);
-    }
-    __syncthreads();  // every thread has read group_s
-    if (lane == 0)
-#pragma unroll
-      for (int h = 0; h < kGroup; ++h) group_s[warp][h] = l[h];
-    __syncthreads();
-    if (threadIdx.x < kGroup) {
-      const int h = threadIdx.x;
-      float sum = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) sum += group_s[w][h];
-      stat_s[h][1] = sum;
-    }
-    if (threadIdx.x == 0)
-#pragma unroll
-      for (int h = 0; h < kGroup; ++h) stat_s[h][0] = m[h];
-  }
-  __syncthreads();
+  partition_softmax(sm, n);
 
   // P V: dimensions [warp kHeadDim / 4, +kHeadDim / 4) in n8 tiles, two per ldmatrix.x4.trans.
   constexpr int kDims = kHeadDim / kDecodeWarps, kTiles = kDims / 8;
@@ -409,24 +387,8 @@ __device__ int decode_attention_item_mma(const AttentionArgs& a, int dslot, int 
     for (int t = 0; t < kTiles; ++t)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int d = d0 + 8 * t + 2 * q + e;
-        const float val = o[t][e] * inv_l;
-        if (nparts == 1) {
-          out_row[(h0 + g) * kHeadDim + d] = __float2bfloat16(val);
-        } else if (partial_smem != nullptr) {
-          partial_smem[g * kHeadDim + d] = val;
-          if (d == 0) {
-            stat_smem[2 * g] = stat_s[g][0];
-            stat_smem[2 * g + 1] = stat_s[g][1];
-          }
-        } else {
-          const size_t base = (static_cast<size_t>(dslot) * a.num_heads + h0 + g) * a.partial_parts + part;
-          a.partial_out[base * kHeadDim + d] = val;
-          if (d == 0) {
-            a.partial_ml[base * 2] = stat_s[g][0];
-            a.partial_ml[base * 2 + 1] = stat_s[g][1];
-          }
-        }
+        store_partition_value(a, sm, out_row, dslot, h0, part, nparts, g, d0 + 8 * t + 2 * q + e, o[t][e] * inv_l,
+                              partial_smem, stat_smem);
       }
   }
   return nparts;
