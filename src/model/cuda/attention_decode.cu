@@ -9,8 +9,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cstdlib>
-
 #include <cmath>
 
 #include "model/cuda/attention_decode.cuh"
@@ -254,9 +252,9 @@ cudaError_t launch_clusters(const AttentionArgs& a, int num_decode, int max_part
   // A grid of at most half as many CTAs as the device has SMs (batch 1 and 2 of
   // a model with 8 kv heads and up to 256 tokens) runs one CTA per SM: its
   // dynamic shared memory is sized so that no second one fits beside it (the
-  // GEMVs' CTAs still do). 0.6B shape, H200, one A/B call: batch 2 0.79 -> 0.72
-  // ms per step, batch 1 0.68 -> 0.67; at batch 4 (128 CTAs) one per SM
-  // measured 0.84 -> 0.93, hence the half.
+  // GEMVs' CTAs still do). 0.6B shape, H200, one A/B call with 140 KB per CTA:
+  // batch 2 0.79 -> 0.72 ms per step, batch 1 0.68 -> 0.67; at batch 4 (128
+  // CTAs) one per SM measured 0.84 -> 0.93, hence the half.
   static const size_t spread_smem = [&] {
     int device = 0, per_sm = 0, reserved = 0;
     cudaFuncAttributes fa{};
@@ -279,13 +277,10 @@ cudaError_t launch_clusters(const AttentionArgs& a, int num_decode, int max_part
   attrs[0].val.clusterDim.x = 1;
   attrs[0].val.clusterDim.y = max_partitions;
   attrs[0].val.clusterDim.z = 1;
-  int nattrs = 1;
-  if (launch.overlap) {
-    attrs[nattrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[nattrs++].val.programmaticStreamSerializationAllowed = 1;
-  }
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attrs;
-  cfg.numAttrs = nattrs;
+  cfg.numAttrs = launch.overlap ? 2 : 1;
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, a);
   return err != cudaSuccess ? err : cudaGetLastError();
 }
