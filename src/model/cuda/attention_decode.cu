@@ -1,6 +1,8 @@
 // Decode attention: one query token per sequence over its paged KV cache.
-// One CTA per (kv head, partition, sequence) runs dev::decode_attention_item
-// (attention_decode.cuh); sequences longer than one partition are combined in
+// One CTA per (kv head, partition, sequence) runs a work item
+// (attention_decode.cuh: dev::decode_attention_item_mma on tensor cores for
+// 64-token partitions staged in shared memory, dev::decode_attention_item in
+// fp32 otherwise); sequences longer than one partition are combined in
 // partition order: within a thread-block cluster of their CTAs (2 to 8
 // partitions of 64 tokens), by the last of their CTAs to finish, or by a second
 // kernel. In pure decode passes the kernel also does q/k norm + RoPE and the KV

@@ -1,6 +1,7 @@
 // Decode attention as device functions: the work item of one CTA (a kv head's
-// query group over one partition of a sequence's context) and the reduction of
-// a head's partitions. The decode attention kernel runs one item per CTA.
+// query group over one partition of a sequence's context), in fp32 over the
+// cache or on tensor cores over rows staged in shared memory, and the reduction
+// of a head's partitions. The decode attention kernel runs one item per CTA.
 // .cu files only.
 #pragma once
 
