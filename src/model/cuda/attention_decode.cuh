@@ -62,6 +62,24 @@ struct DecodeAttentionSmem {
   float group[kDecodeWarps][kGroup];
 };
 
+// A work item's sequence: the output row of its query token, its context
+// length and partition count (0: padding, whose output partition 0 sets to
+// zeros without reading the cache).
+struct PartitionSeq {
+  bf16* out_row;
+  int kv_len, nparts;
+};
+template <int kHeadDim, int kGroup, int kP>
+__device__ PartitionSeq partition_seq(const AttentionArgs& a, int dslot, int kvh, int part) {
+  const int seq = a.decode_seqs[dslot];
+  const int kv_len = a.seq_kv_len[seq];
+  bf16* out_row = a.out + static_cast<size_t>(a.seq_q_start[seq]) * a.num_heads * kHeadDim;
+  if (kv_len <= 0 && part == 0)
+    for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kDecodeThreads)
+      out_row[kvh * kGroup * kHeadDim + i] = __float2bfloat16(0.0f);
+  return {out_row, kv_len, kv_len > 0 ? (kv_len + kP - 1) / kP : 0};
+}
+
 // The softmax over a partition's n scores per query head (sm.p, in the log2
 // domain), all heads of the group at once, in a fixed order: sm.p becomes
 // exp2(score - max) and sm.stat[g] = (max, sum). Every thread of the CTA calls
@@ -171,20 +189,11 @@ __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh,
   auto& red_s = sm.red;
   auto& stat_s = sm.stat;
 
-  const int seq = a.decode_seqs[dslot];
-  const int kv_len = a.seq_kv_len[seq];
-  const int row = a.seq_q_start[seq];
-  const int h0 = kvh * kGroup;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  bf16* out_row = a.out + static_cast<size_t>(row) * a.num_heads * kHeadDim;
-
-  if (kv_len <= 0) {  // padding: defined output, no cache reads
-    if (part == 0)
-      for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kDecodeThreads) out_row[h0 * kHeadDim + i] = __float2bfloat16(0.0f);
-    return 0;
-  }
-  const int nparts = (kv_len + kP - 1) / kP;
+  const PartitionSeq ps = partition_seq<kHeadDim, kGroup, kP>(a, dslot, kvh, part);
+  const int kv_len = ps.kv_len, nparts = ps.nparts, h0 = kvh * kGroup;
+  bf16* const out_row = ps.out_row;
   if (part >= nparts) return nparts;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
   // Scores are kept in the log2 domain: q is pre-scaled by scale * log2(e).
   const float qscale = a.scale * kLog2e;
@@ -315,19 +324,11 @@ __device__ int decode_attention_item_mma(const AttentionArgs& a, int dslot, int 
   static_assert(kGroup <= 8, "the group's heads are rows 0..7 of A");
   auto& p_s = sm.p;
   auto& stat_s = sm.stat;
-  const int seq = a.decode_seqs[dslot];
-  const int kv_len = a.seq_kv_len[seq];
-  const int row = a.seq_q_start[seq];
-  const int h0 = kvh * kGroup;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  bf16* out_row = a.out + static_cast<size_t>(row) * a.num_heads * kHeadDim;
-  if (kv_len <= 0) {
-    if (part == 0)
-      for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kDecodeThreads) out_row[h0 * kHeadDim + i] = __float2bfloat16(0.0f);
-    return 0;
-  }
-  const int nparts = (kv_len + kP - 1) / kP;
+  const PartitionSeq ps = partition_seq<kHeadDim, kGroup, kP>(a, dslot, kvh, part);
+  const int kv_len = ps.kv_len, nparts = ps.nparts, h0 = kvh * kGroup;
+  bf16* const out_row = ps.out_row;
   if (part >= nparts) return nparts;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int n = min(kv_len, (part + 1) * kP) - part * kP;
   const float qscale = a.scale * kLog2e;  // scores in the log2 domain
 
