@@ -17,7 +17,7 @@
 // programmatic launch; prefill with one query head per CTA; prefill attention
 // on the mma.sync kernel, with its query rows per warp chosen per pass by the
 // CTA count or fixed at 16 or 32; decode partitions fixed at 64, 128 and 256
-// (the default takes 64 for decode steps of up to 8 sequences, 256 otherwise);
+// (the default takes 256, staged on tensor cores for decode steps of up to 8 sequences);
 // decode projections on cuBLASLt at every batch size (no GEMV); batch-invariant.
 // --profile: also a breakdown per kernel group (CUDA events between eager
 // launches, so launch gaps are included) of a decode step at each batch size

@@ -293,35 +293,39 @@ TEST_F(CudaKernels, QkNormRopeWritesQAndThePagedCache) {
     d_seq.upload(seq);
     d_ones.upload(ones);
     d_tables.upload(tables);
-    Bf16Array d_cache2(cache_elems), d_out(static_cast<size_t>(T) * qd);
-    AttentionArgs a = attention_args({B(d_cache2), L, kvh, hd}, layer, heads, d_seq.get(), d_ones.get(), d_ones.get(),
-                                     d_seq.get(), d_tables.get());
-    a.out = B(d_out);
-    a.decode_seqs = d_seq.get();
-    a.partition_tokens = 64;
-    a.qkv = B(d_qkv);
-    a.positions = d_pos.get();
-    a.slots = d_slots.get();
-    a.q_norm = B(d_qn);
-    a.k_norm = B(d_kn);
-    a.rope_table = d_rope.get();
-    a.eps = 1e-6f;
-    CUDA_OK(launch_decode_attention(a, T, 1, nullptr));
-    CUDA_OK(cudaDeviceSynchronize());
-    const auto bits = d_cache.download(), bits2 = d_cache2.download(), out_bits = d_out.download();
-    for (int t = 0; t < T; ++t) {
-      if (slots[t] < 0) continue;
-      const int blk = slots[t] / 16, off = slots[t] % 16;
-      for (int kind = 0; kind < 2; ++kind) {
-        const size_t base = ((static_cast<size_t>(blk) * L + layer) * 2 + kind) * 16 * kvd + off * kvd;
-        EXPECT_TRUE(std::equal(bits.begin() + base, bits.begin() + base + kvd, bits2.begin() + base))
-            << "head_dim " << hd << ", token " << t << (kind ? ", V" : ", K");
-        if (kind == 0) continue;
-        for (int h = 0; h < heads; ++h)
-          EXPECT_TRUE(std::equal(out_bits.begin() + (static_cast<size_t>(t) * heads + h) * hd,
-                                 out_bits.begin() + (static_cast<size_t>(t) * heads + h + 1) * hd,
-                                 bits.begin() + base + (h / (heads / kvh)) * hd))
-              << "head_dim " << hd << ", token " << t << ", head " << h;
+    // With 64-token partitions (staged, tensor cores) and with staged 256-token ones.
+    for (auto [partition, staged] : {std::pair{64, false}, std::pair{256, true}}) {
+      Bf16Array d_cache2(cache_elems), d_out(static_cast<size_t>(T) * qd);
+      AttentionArgs a = attention_args({B(d_cache2), L, kvh, hd}, layer, heads, d_seq.get(), d_ones.get(), d_ones.get(),
+                                       d_seq.get(), d_tables.get());
+      a.out = B(d_out);
+      a.decode_seqs = d_seq.get();
+      a.partition_tokens = partition;
+      a.staged_partitions = staged;
+      a.qkv = B(d_qkv);
+      a.positions = d_pos.get();
+      a.slots = d_slots.get();
+      a.q_norm = B(d_qn);
+      a.k_norm = B(d_kn);
+      a.rope_table = d_rope.get();
+      a.eps = 1e-6f;
+      CUDA_OK(launch_decode_attention(a, T, 1, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto bits = d_cache.download(), bits2 = d_cache2.download(), out_bits = d_out.download();
+      for (int t = 0; t < T; ++t) {
+        if (slots[t] < 0) continue;
+        const int blk = slots[t] / 16, off = slots[t] % 16;
+        for (int kind = 0; kind < 2; ++kind) {
+          const size_t base = ((static_cast<size_t>(blk) * L + layer) * 2 + kind) * 16 * kvd + off * kvd;
+          EXPECT_TRUE(std::equal(bits.begin() + base, bits.begin() + base + kvd, bits2.begin() + base))
+              << "head_dim " << hd << ", partition " << partition << ", token " << t << (kind ? ", V" : ", K");
+          if (kind == 0) continue;
+          for (int h = 0; h < heads; ++h)
+            EXPECT_TRUE(std::equal(out_bits.begin() + (static_cast<size_t>(t) * heads + h) * hd,
+                                   out_bits.begin() + (static_cast<size_t>(t) * heads + h + 1) * hd,
+                                   bits.begin() + base + (h / (heads / kvh)) * hd))
+                << "head_dim " << hd << ", partition " << partition << ", token " << t << ", head " << h;
+        }
       }
     }
   }
@@ -561,7 +565,10 @@ std::vector<float> attend_ref(const AttnFixture& f, const std::vector<int32_t>& 
 }
 
 TEST_F(CudaKernels, DecodeAttentionSplitsLongContextsAndMatchesReference) {
-  for (int partition : {64, 128, 256})
+  // Partitions of 64 (staged, tensor cores), 128 and 256 (fp32), and 256 staged
+  // (AttentionArgs::staged_partitions, a warp per 64 tokens).
+  for (auto [partition, staged] : {std::pair{64, false}, std::pair{128, false}, std::pair{256, false},
+                                   std::pair{256, true}})
   // Group sizes 2, 4, 5 (Qwen3-14B) and 3.
   for (auto [heads, kvh, hd] : {std::tuple{16, 8, 128}, std::tuple{4, 2, 64}, std::tuple{32, 8, 128},
                                 std::tuple{40, 8, 128}, std::tuple{6, 2, 64}}) {
@@ -613,6 +620,9 @@ TEST_F(CudaKernels, DecodeAttentionSplitsLongContextsAndMatchesReference) {
     a.partial_ml = d_ml.get();
     a.partial_parts = parts;
     a.partition_tokens = partition;
+    a.staged_partitions = staged;
+    const std::string what = std::to_string(heads) + "/" + std::to_string(kvh) + ", partitions of " +
+                             std::to_string(partition) + (staged ? " staged" : "");
     CUDA_OK(launch_decode_attention(a, S, parts, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
     const auto out_bits = d_out.download();
@@ -626,19 +636,19 @@ TEST_F(CudaKernels, DecodeAttentionSplitsLongContextsAndMatchesReference) {
       CUDA_OK(cudaMemset(d_out.get(), 0xff, static_cast<size_t>(S) * heads * hd * 2));
       CUDA_OK(launch_decode_attention(a, S, parts, nullptr));
       CUDA_OK(cudaDeviceSynchronize());
-      EXPECT_EQ(d_out.download(), out_bits) << heads << "/" << kvh << ", partitions of " << partition << ", run " << run;
+      EXPECT_EQ(d_out.download(), out_bits) << what << ", run " << run;
     }
     EXPECT_EQ(d_done.download(), std::vector<uint32_t>(static_cast<size_t>(S) * kvh, 0u));
     a.partition_done = nullptr;
-    // The sequences of up to 512 tokens (2 to 8 partitions of 64, and one of a
-    // single partition, and the padding row) as clusters that combine in shared memory.
-    if (partition == 64) {
+    // The sequences of up to 8 partitions (2 to 8, and one of a single
+    // partition, and the padding row) as clusters that combine in shared memory.
+    if (partition == 64 || staged) {
       std::vector<int32_t> short_seqs;
       int short_parts = 1;
       for (int s = 0; s < S; ++s)
-        if (lens[s] <= 512) {
+        if (lens[s] <= 8 * partition) {
           short_seqs.push_back(s);
-          short_parts = std::max(short_parts, (lens[s] + 63) / 64);
+          short_parts = std::max(short_parts, (lens[s] + partition - 1) / partition);
         }
       DeviceArray<int32_t> d_short(short_seqs.size());
       d_short.upload(short_seqs);
@@ -652,7 +662,7 @@ TEST_F(CudaKernels, DecodeAttentionSplitsLongContextsAndMatchesReference) {
       for (int s : short_seqs)
         EXPECT_TRUE(std::equal(clustered.begin() + s * row_elems, clustered.begin() + (s + 1) * row_elems,
                                out_bits.begin() + s * row_elems))
-            << heads << "/" << kvh << ": sequence " << s << " (" << lens[s] << " tokens) in a cluster";
+            << what << ": sequence " << s << " (" << lens[s] << " tokens) in a cluster";
       // Each short sequence alone: grids small enough to run one CTA per SM (more shared memory
       // per CTA), the same bits.
       for (int s : short_seqs) {
@@ -660,12 +670,12 @@ TEST_F(CudaKernels, DecodeAttentionSplitsLongContextsAndMatchesReference) {
         d_one.upload(std::vector<int32_t>{s});
         a.decode_seqs = d_one.get();
         CUDA_OK(cudaMemset(d_out.get(), 0xff, static_cast<size_t>(S) * heads * hd * 2));
-        CUDA_OK(launch_decode_attention(a, 1, std::max(1, (lens[s] + 63) / 64), nullptr));
+        CUDA_OK(launch_decode_attention(a, 1, std::max(1, (lens[s] + partition - 1) / partition), nullptr));
         CUDA_OK(cudaDeviceSynchronize());
         const auto alone = d_out.download();
         EXPECT_TRUE(std::equal(alone.begin() + s * row_elems, alone.begin() + (s + 1) * row_elems,
                                out_bits.begin() + s * row_elems))
-            << heads << "/" << kvh << ": sequence " << s << " (" << lens[s] << " tokens) alone in a cluster";
+            << what << ": sequence " << s << " (" << lens[s] << " tokens) alone";
       }
       a.cluster_partitions = false;
       a.decode_seqs = d_dec.get();
@@ -681,7 +691,7 @@ TEST_F(CudaKernels, DecodeAttentionSplitsLongContextsAndMatchesReference) {
         const auto want = attend_ref(f, per_seq[s], &qf[(s * heads + h) * hd], h, lens[s]);
         worst = std::max(worst, rel_err(got, want));
       }
-    EXPECT_LT(worst, 1e-2) << heads << "/" << kvh << " heads, head_dim " << hd << ", partitions of " << partition;
+    EXPECT_LT(worst, 1e-2) << what << ", head_dim " << hd;
   }
 }
 

@@ -32,6 +32,14 @@ template <int kHeadDim, int kGroup, int kP>
 constexpr bool kStageKv = kP == 64 && sizeof(dev::DecodeAttentionSmem<kHeadDim, kGroup, kP>) + kGroup * kHeadDim * 2 +
                                           3 * kHeadDim * 2 + 2 * kP * (kHeadDim + dev::kKvRowPad) * 2 <= 48 * 1024;
 
+// Dynamic shared memory: the cluster inbox (below), then, in the wide
+// instances (kWide: 256-token partitions staged, dev::decode_attention_item_wide),
+// the partition's K and V rows.
+template <int kHeadDim, int kGroup>
+constexpr size_t kInboxBytes = ((kMaxClusterPartitions - 1) * kGroup * (kHeadDim + 2) * sizeof(float) + 15) / 16 * 16;
+template <int kHeadDim, int kP>
+constexpr size_t kWideStageBytes = 2 * kP * (kHeadDim + dev::kKvRowPad) * sizeof(bf16);
+
 // kCluster: the kernel runs as clusters of the partitions of one (kv head,
 // sequence) (cluster dims 1 x max_partitions x 1): partitions 1 .. store their
 // partials into partition 0's shared memory (distributed shared memory), and
@@ -39,13 +47,13 @@ constexpr bool kStageKv = kP == 64 && sizeof(dev::DecodeAttentionSmem<kHeadDim, 
 // outputs in global memory, no counter.
 // (At most 170 registers: unbounded, ptxas spills the head_dim 64, group 5
 // instance; at 128, the head_dim 128, group 1 instance for sm_100.)
-template <int kHeadDim, int kGroup, int kP, bool kCluster>
+template <int kHeadDim, int kGroup, int kP, bool kCluster, bool kWide = false>
 __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kernel(AttentionArgs a) {
-  constexpr bool kStage = kStageKv<kHeadDim, kGroup, kP>;
+  constexpr bool kStage = kWide || kStageKv<kHeadDim, kGroup, kP>;
   constexpr int kStride = kHeadDim + dev::kKvRowPad;
   __shared__ dev::DecodeAttentionSmem<kHeadDim, kGroup, kP> sm;
   __shared__ __align__(16) bf16 q_normed[kGroup * kHeadDim];
-  __shared__ __align__(16) bf16 kv_s[kStage ? 2 * kP * kStride : 8];
+  __shared__ __align__(16) bf16 kv_static[kStage && !kWide ? 2 * kP * kStride : 8];
   // The RoPE row of the token's position, then the q and k norm weights.
   __shared__ __align__(16) bf16 consts_s[3 * kHeadDim];
   // kCluster, in the CTA of partition 0: the partials of partitions 1 ..
@@ -54,6 +62,9 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
   // partials).
   extern __shared__ __align__(16) float inbox[];
   float* const inbox_stat = inbox + (kMaxClusterPartitions - 1) * kGroup * kHeadDim;
+  bf16* const kv_s =
+      kWide ? reinterpret_cast<bf16*>(reinterpret_cast<unsigned char*>(inbox) + kInboxBytes<kHeadDim, kGroup>)
+            : kv_static;
   const int dslot = blockIdx.z, kvh = blockIdx.x, part = blockIdx.y;
   // A CTA may store to another's shared memory once that one has started: the
   // cluster barrier's arrival here, its wait after the previous kernel's.
@@ -62,7 +73,7 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
   bf16* const v_s = kv_s + (kStage ? kP * kStride : 0);
   // The timeline (kernels.h: kTraceCtas) of the 64-token partitions that small
   // decode batches take; not compiled for the others (registers).
-  unsigned long long* const trace = kP == 64 ? a.trace : nullptr;
+  unsigned long long* const trace = kP == 64 || kWide ? a.trace : nullptr;
   dev::trace_start(trace);
   // Before waiting for the previous kernel, what does not depend on it: the
   // step metadata (uploaded before the pass's first kernel), the RoPE row and
@@ -166,7 +177,12 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
       stat_smem = cluster.map_shared_rank(inbox_stat + (part - 1) * kGroup * 2, 0);
     }
   }
-  if constexpr (kStage) {
+  if constexpr (kWide) {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();  // the staged rows and the new K/V row, for every thread
+    nparts = dev::decode_attention_item_wide<kHeadDim, kGroup, kP>(a, dslot, kvh, part, q_group, k_s, v_s, kStride, sm,
+                                                                   partial_smem, stat_smem);
+  } else if constexpr (kStage) {
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();  // the staged rows and the new K/V row, for every thread
     nparts = dev::decode_attention_item_mma<kHeadDim, kGroup, kP>(a, dslot, kvh, part, q_group, k_s, v_s, kStride, sm,
@@ -243,14 +259,14 @@ __global__ __launch_bounds__(kHeadDim) void decode_reduce_kernel(AttentionArgs a
 
 // The partitions of a (kv head, sequence) as one cluster (launch_kernel's
 // launch with a cluster dimension as well).
-template <int kHeadDim, int kGroup, int kP>
+template <int kHeadDim, int kGroup, int kP, bool kWide = false>
 cudaError_t launch_clusters(const AttentionArgs& a, int num_decode, int max_partitions, const LaunchConfig& launch) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(a.num_kv_heads, max_partitions, num_decode);
   cfg.blockDim = dev::kDecodeThreads;
   cfg.stream = launch.stream;
-  static constexpr size_t kInboxMax = (kMaxClusterPartitions - 1) * kGroup * (kHeadDim + 2) * sizeof(float);
-  auto* const kernel = decode_attention_kernel<kHeadDim, kGroup, kP, true>;
+  static constexpr size_t kInboxMax = kInboxBytes<kHeadDim, kGroup> + (kWide ? kWideStageBytes<kHeadDim, kP> : 0);
+  auto* const kernel = decode_attention_kernel<kHeadDim, kGroup, kP, true, kWide>;
   // A grid of at most half as many CTAs as the device has SMs (batch 1 and 2 of
   // a model with 8 kv heads and up to 256 tokens) runs one CTA per SM: its
   // dynamic shared memory is sized so that no second one fits beside it (the
@@ -291,13 +307,28 @@ template <int kHeadDim, int kGroup, int kP>
 cudaError_t launch_with(const AttentionArgs& a, int num_decode, int max_partitions, const LaunchConfig& launch) {
   // Short contexts split into up to kMaxClusterPartitions partitions combine in
   // a cluster; longer ones by their last CTA (partition_done) or a second kernel.
+  constexpr bool kCanWide = kP == 256;
+  const bool wide = kCanWide && a.staged_partitions;
+  const bool cluster = a.cluster_partitions && max_partitions > 1 && max_partitions <= kMaxClusterPartitions;
   if constexpr (kP == 64) {
-    if (a.cluster_partitions && max_partitions > 1 && max_partitions <= kMaxClusterPartitions)
-      return launch_clusters<kHeadDim, kGroup, kP>(a, num_decode, max_partitions, launch);
+    if (cluster) return launch_clusters<kHeadDim, kGroup, kP>(a, num_decode, max_partitions, launch);
+  }
+  if constexpr (kCanWide) {
+    if (wide && cluster) return launch_clusters<kHeadDim, kGroup, kP, true>(a, num_decode, max_partitions, launch);
   }
   const dim3 grid(a.num_kv_heads, max_partitions, num_decode);
-  const cudaError_t err =
-      launch_kernel(decode_attention_kernel<kHeadDim, kGroup, kP, false>, grid, dev::kDecodeThreads, 0, launch, a);
+  cudaError_t err = cudaSuccess;
+  if constexpr (kCanWide) {
+    if (wide) {
+      auto* const kernel = decode_attention_kernel<kHeadDim, kGroup, kP, false, true>;
+      constexpr size_t smem = kInboxBytes<kHeadDim, kGroup> + kWideStageBytes<kHeadDim, kP>;
+      static const cudaError_t attr =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      err = attr != cudaSuccess ? attr : launch_kernel(kernel, grid, dev::kDecodeThreads, smem, launch, a);
+    }
+  }
+  if (!wide)
+    err = launch_kernel(decode_attention_kernel<kHeadDim, kGroup, kP, false>, grid, dev::kDecodeThreads, 0, launch, a);
   if (err != cudaSuccess || max_partitions <= 1 || a.partition_done != nullptr) return err;
   return launch_kernel(decode_reduce_kernel<kHeadDim, kP>, dim3(a.num_heads, num_decode), kHeadDim, 0, launch, a);
 }

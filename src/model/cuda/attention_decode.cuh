@@ -37,18 +37,23 @@ __device__ inline CacheRows cache_rows(const AttentionArgs& a, int dslot, int kv
 inline constexpr int kKvRowPad = 8;  // bf16 after each row: MMA fragment reads without bank conflicts
 
 // Starts copying rows [p0, p0 + n) of `rows` to k_s / v_s (rows of head_dim + kKvRowPad)
-// with cp.async, threads 0 .. threads-1; one commit group.
+// with cp.async, threads 0 .. threads-1 (a multiple of head_dim / 8); one commit
+// group. Thread i copies 16-byte chunk i % (head_dim / 8) of every
+// threads / (head_dim / 8)-th row, K and V: one block-table read and no
+// division per row (a 256-row partition is 64 copies per thread of 128).
 template <int kHeadDim>
 __device__ __forceinline__ void stage_kv_rows(const CacheRows& rows, int p0, int n, bf16* k_s, bf16* v_s,
                                               int threads) {
   constexpr int kRowChunks = kHeadDim / 8;
-  for (int i = threadIdx.x; i < 2 * n * kRowChunks; i += threads) {
-    const int kind = i / (n * kRowChunks), j = (i / kRowChunks) % n, c = i % kRowChunks;
-    const bf16* src = (kind == 0 ? rows.k(p0 + j) : rows.v(p0 + j)) + c * 8;
-    bf16* dst = (kind == 0 ? k_s : v_s) + j * (kHeadDim + kKvRowPad) + c * 8;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(dst))),
-                 "l"(src)
-                 : "memory");
+  const int c = threadIdx.x % kRowChunks, step = threads / kRowChunks;
+  // V of a slot is this far after its K (the cache's [block][layer][K|V][slot] layout).
+  const size_t v_delta = static_cast<size_t>(kKvBlockSize) * rows.kv.num_kv_heads * kHeadDim;
+  for (int j = threadIdx.x / kRowChunks; j < n; j += step) {
+    const bf16* src = rows.k(p0 + j) + c * 8;
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(k_s + j * (kHeadDim + kKvRowPad) + c * 8));
+    const unsigned dst_v = static_cast<unsigned>(__cvta_generic_to_shared(v_s + j * (kHeadDim + kKvRowPad) + c * 8));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst_v), "l"(src + v_delta) : "memory");
   }
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
@@ -60,6 +65,7 @@ struct DecodeAttentionSmem {
   __align__(16) float red[kDecodeWarps][kGroup][kHeadDim];
   float stat[kGroup][2];
   float group[kDecodeWarps][kGroup];
+  float group_l[kDecodeWarps][kGroup];  // decode_attention_item_wide: each warp's sums
 };
 
 // A work item's sequence: the output row of its query token, its context
@@ -392,6 +398,120 @@ __device__ int decode_attention_item_mma(const AttentionArgs& a, int dslot, int 
         store_partition_value(a, sm, out_row, dslot, h0, part, nparts, g, d0 + 8 * t + 2 * q + e, o[t][e] * inv_l,
                               partial_smem, stat_smem);
       }
+  }
+  return nparts;
+}
+
+// decode_attention_item_mma's contract (rows in shared memory, tensor cores)
+// for long partitions, where each warp takes kP / 4 consecutive tokens on its
+// own: the scores as in decode_attention_item_mma, 8 tokens per n8 tile; a
+// softmax within the warp (the lanes of a head are one quad: two shuffles);
+// P V with the score accumulators, rounded to bf16, as the A fragments as they
+// are (no shared memory between the products) and V through ldmatrix.trans,
+// over every dimension. The four warps' (max, sum, output) then combine in
+// warp order behind two barriers. So a context of up to kP tokens is one CTA
+// with no cluster, and the only barriers are the combine's.
+template <int kHeadDim, int kGroup, int kP>
+__device__ int decode_attention_item_wide(const AttentionArgs& a, int dslot, int kvh, int part, const bf16* q_group,
+                                          const bf16* k_s, const bf16* v_s, int stride,
+                                          DecodeAttentionSmem<kHeadDim, kGroup, kP>& sm, float* partial_smem,
+                                          float* stat_smem) {
+  constexpr int kTok = kP / kDecodeWarps;  // a warp's tokens
+  constexpr int kScoreTiles = kTok / 8, kDimTiles = kHeadDim / 8;
+  static_assert(kTok % 16 == 0, "a warp's tokens are whole k16 steps of P V");
+  static_assert(kGroup <= 8, "the group's heads are rows 0..7 of A");
+  const PartitionSeq ps = partition_seq<kHeadDim, kGroup, kP>(a, dslot, kvh, part);
+  const int kv_len = ps.kv_len, nparts = ps.nparts, h0 = kvh * kGroup;
+  if (part >= nparts) return nparts;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int n = min(kv_len, (part + 1) * kP) - part * kP;
+  const float qscale = a.scale * kLog2e;  // scores in the log2 domain
+  const int t0 = warp * kTok;
+  const bool head = g < kGroup;
+  float m = -INFINITY, l = 0.0f;  // this warp's, for head g (warps past n keep these)
+  float o[kDimTiles][4] = {};
+  if (t0 < n) {
+    float s[kScoreTiles][4] = {};
+    const bf16* qrow = q_group + min(g, kGroup - 1) * kHeadDim + 2 * q;
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      const uint32_t qa[4] = {head ? *reinterpret_cast<const uint32_t*>(qrow + 16 * ks) : 0u, 0u,
+                              head ? *reinterpret_cast<const uint32_t*>(qrow + 16 * ks + 8) : 0u, 0u};
+#pragma unroll
+      for (int i = 0; i < kScoreTiles; ++i) {
+        const bf16* krow = k_s + (t0 + 8 * i + g) * stride + 16 * ks + 2 * q;  // rows past n: read, masked
+        mma_bf16(s[i], qa, *reinterpret_cast<const uint32_t*>(krow), *reinterpret_cast<const uint32_t*>(krow + 8));
+      }
+    }
+    // Lane (g, q) holds head g's scores of tokens t0 + 8 i + 2 q (+1) in s[i][0..1].
+#pragma unroll
+    for (int i = 0; i < kScoreTiles; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        s[i][e] = t0 + 8 * i + 2 * q + e < n ? s[i][e] * qscale : -INFINITY;
+        m = fmaxf(m, s[i][e]);
+      }
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+#pragma unroll
+    for (int i = 0; i < kScoreTiles; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        s[i][e] = exp2f(s[i][e] - m);
+        l += s[i][e];
+      }
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    // P V, 16 tokens per k step: A is two score tiles; lanes 8i..8i+7 address
+    // ldmatrix matrix i: tokens 16 ks + 8 (i & 1) + r, dimensions + 8 (i >> 1).
+    const int mi = lane >> 3, r = lane & 7;
+#pragma unroll
+    for (int ks = 0; ks < kTok / 16; ++ks) {
+      const uint32_t pa[4] = {head ? pack_bf16(s[2 * ks][0], s[2 * ks][1]) : 0u, 0u,
+                              head ? pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]) : 0u, 0u};
+      const int tok = min(t0 + 16 * ks + 8 * (mi & 1) + r, n - 1);  // past n: a valid row, times zero
+#pragma unroll
+      for (int t = 0; t < kDimTiles; t += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, v_s + tok * stride + 8 * t + 8 * (mi >> 1));
+        mma_bf16(o[t], pa, b[0], b[1]);
+        mma_bf16(o[t + 1], pa, b[2], b[3]);
+      }
+    }
+  }
+  // The warps combine in warp order: each scales its output to the group's
+  // maximum (warp 0 always has tokens, so it is finite) and the sums add.
+  if (head && q == 0) {
+    sm.group[warp][g] = m;
+    sm.group_l[warp][g] = l;
+  }
+  __syncthreads();
+  if (head) {
+    float mx = sm.group[0][g];
+#pragma unroll
+    for (int w = 1; w < kDecodeWarps; ++w) mx = fmaxf(mx, sm.group[w][g]);
+    const float scale = t0 < n ? exp2f(m - mx) : 0.0f;
+#pragma unroll
+    for (int t = 0; t < kDimTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) sm.red[warp][g][8 * t + 2 * q + e] = o[t][e] * scale;
+    if (warp == 0 && q == 0) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) sum += sm.group_l[w][g] * exp2f(sm.group[w][g] - mx);
+      sm.stat[g][0] = mx;
+      sm.stat[g][1] = sum;
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kDecodeThreads) {
+    const int gi = i / kHeadDim, d = i % kHeadDim;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) sum += sm.red[w][gi][d];
+    // Only this thread reads or writes (gi, d) here (partial_smem may be sm.red).
+    store_partition_value(a, sm, ps.out_row, dslot, h0, part, nparts, gi, d, sum / sm.stat[gi][1], partial_smem,
+                          stat_smem);
   }
   return nparts;
 }

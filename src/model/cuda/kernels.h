@@ -54,8 +54,7 @@ inline constexpr int kTraceCtaWords = 8 + 8 * kTraceMarks;
 
 inline constexpr int kKvBlockSize = 16;
 // Decode attention splits a sequence's context into partitions of this many
-// tokens (then reduces them in partition order): this default, 64 for decode
-// steps of up to kGemvMaxRows sequences, or what
+// tokens (then reduces them in partition order): this default, or what
 // CudaModelOptions::decode_partition_tokens fixes. Compiled: 64, 128, 256.
 inline constexpr int kDecodePartitionTokens = 256;
 bool decode_partition_supported(int tokens);
@@ -128,10 +127,17 @@ struct AttentionArgs {
   // With them the last CTA of a (sequence, kv head) to finish combines its partitions and
   // returns the counter to zero, in place of the reduction kernel (one launch fewer, same bits).
   uint32_t* partition_done = nullptr;
-  // Decode with 64-token partitions, 2 to 8 of them: the partitions of a (kv head,
-  // sequence) run as one thread-block cluster and combine through distributed
+  // Decode with 64-token (or staged 256-token) partitions, 2 to 8 of them: the
+  // partitions of a (kv head, sequence) run as one thread-block cluster and combine through distributed
   // shared memory (same bits, no partial outputs in global memory).
   bool cluster_partitions = false;
+  // Decode with 256-token partitions: each partition's K/V rows staged in shared
+  // memory (the cached ones before the wait for the previous kernel), attended
+  // on tensor cores with a warp per 64 tokens (one CTA per partition, no
+  // cluster for contexts of up to 256 tokens). Other results in the last bits
+  // than the fp32 item the partition otherwise takes. The model sets it for
+  // passes of up to kGemvMaxRows decode sequences.
+  bool staged_partitions = false;
   // Decode of a pure decode pass: with qkv set, each decode attention CTA applies
   // q/k norm + RoPE to its query heads itself (q above is not read), and the CTA
   // of a sequence's last partition writes the new token's K and V to the cache
@@ -153,7 +159,7 @@ struct AttentionArgs {
   // by rounding. The model chooses per pass (CudaModelOptions::prefill_warp_rows).
   int prefill_warp_rows = 32;
   // Decode: optional timeline (kTraceCtas x kTraceCtaWords), recorded with
-  // 64-token partitions; marks: 3 q/k norm done, 4 the partition's output, 5
+  // 64-token or staged partitions; marks: 3 q/k norm done, 4 the partition's output, 5
   // partitions combined (cluster: by partition 0; else counted, or reduced by
   // the last CTA), then the end.
   unsigned long long* trace = nullptr;

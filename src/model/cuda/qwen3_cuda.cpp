@@ -229,28 +229,19 @@ struct CudaQwen3::Impl {
   KvCacheLayout layout() const { return KvCacheLayout::for_model(cfg, sizeof(bf16)); }
   // Batch-invariant mode sends one-token chunks through the prefill kernel
   // too, so a row's attention does not depend on how its prompt was chunked.
-  // `decode_batch`: the sequences of a pure decode step, 0 for other passes.
-  cuda::StepShape shape(int decode_batch = 0) const {
-    return {partition_tokens(decode_batch), cuda::kPrefillTileRows, opt.batch_invariant};
-  }
-  // The shape of an eager pass: a pure decode pass as a decode step of its size
-  // (so eager and graph steps take the same kernels and partitions).
-  cuda::StepShape shape_of(std::span<const cuda::PassChunk> pass) const {
-    for (const cuda::PassChunk& c : pass)
-      if (c.chunk.tokens.size() != 1) return shape();
-    return shape(static_cast<int>(pass.size()));
-  }
-  // Decode attention's partition: the option where one is set; else short
-  // partitions for a decode step of few sequences, whose few CTAs would leave
-  // most SMs idle (64 tokens: 1.00 against 1.09 ms per token at batch 1 on
-  // the 0.6B shape, an H200), and the default elsewhere (64 costs 8% at
-  // batch 128). The line is the GEMV's (kGemvMaxRows), where results already
-  // change with the batch; batch-invariant mode sends one-token chunks
+  cuda::StepShape shape() const { return {partition_tokens(), cuda::kPrefillTileRows, opt.batch_invariant}; }
+  // Decode attention's partition: the option where one is set, else 256
+  // tokens. A decode step of up to kStagedDecodeBatch sequences stages its
+  // partitions in shared memory and attends on tensor cores, a warp per 64
+  // tokens (AttentionArgs::staged_partitions): its few CTAs would leave most
+  // SMs idle on the fp32 item. Against 64-token partitions combined in a
+  // cluster (0.6B shape, H200, one A/B call): batch 1 0.631 ms per token
+  // both, batch 2 0.675 -> 0.657, batch 4 0.736 -> 0.697, batch 8 0.834 ->
+  // 0.792 ms per step. The line is the GEMV's (kGemvMaxRows), where results
+  // already change with the batch; batch-invariant mode sends one-token chunks
   // through prefill attention and is not affected.
-  int partition_tokens(int decode_batch = 0) const {
-    if (opt.decode_partition_tokens > 0) return opt.decode_partition_tokens;
-    if (decode_batch > 0 && decode_batch <= kShortPartitionBatch) return kShortPartitionTokens;
-    return cuda::kDecodePartitionTokens;
+  int partition_tokens() const {
+    return opt.decode_partition_tokens > 0 ? opt.decode_partition_tokens : cuda::kDecodePartitionTokens;
   }
   int parts_for(int partition) const { return (opt.max_model_len + partition - 1) / partition; }
   // Prefill attention's rows per warp for a pass of `items` work items
@@ -268,8 +259,7 @@ struct CudaQwen3::Impl {
   bool use_prefill_wgmma() const {
     return opt.prefill_wgmma && cuda::prefill_wgmma_supported(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
   }
-  static constexpr int kShortPartitionBatch = cuda::kGemvMaxRows;
-  static constexpr int kShortPartitionTokens = 64;
+  static constexpr int kStagedDecodeBatch = cuda::kGemvMaxRows;
   bool use_gemv(int T) const {
     const int rows = opt.gemv_max_rows < 0 ? cuda::kGemvMaxRows : std::min(opt.gemv_max_rows, cuda::kGemvMaxRows);
     return !opt.batch_invariant && gemv_ok && T <= rows;
@@ -383,12 +373,8 @@ Result<void> CudaQwen3::Impl::init_buffers() {
   const size_t gu_off = take(T * 2 * I * 2), act_off = take(T * I * 2);
   const size_t hn_off = take(static_cast<size_t>(logits_rows_cap) * H * 2);
   const size_t logits_off = take(static_cast<size_t>(logits_rows_cap) * V * 4);
-  // Room for S sequences at the default partition, and for the short
-  // partitions of small decode steps (partition_tokens()).
-  const size_t part_elems =
-      cfg.num_heads * std::max(S * static_cast<size_t>(partial_parts),
-                               std::min<size_t>(S, kShortPartitionBatch) *
-                                   static_cast<size_t>(parts_for(partition_tokens(kShortPartitionBatch))));
+  // Room for S sequences' partitions.
+  const size_t part_elems = cfg.num_heads * S * static_cast<size_t>(partial_parts);
   const size_t partial_off = take(part_elems * cfg.head_dim * 4), ml_off = take(part_elems * 2 * 4);
   const size_t ws_off = take(kGemmWorkspaceBytes);
   const size_t meta_off = take(meta_capacity);
@@ -513,6 +499,7 @@ cuda::AttentionArgs CudaQwen3::Impl::attention_args(const PassDevice& p) const {
   if (static_cast<size_t>(p.D) * cfg.num_kv_heads <= cuda::kStepSyncWords - kPartitionSyncOffset)
     aa.partition_done = p.sync + kPartitionSyncOffset;
   aa.cluster_partitions = true;  // contexts of 2 to 8 partitions of 64 (kernels.h)
+  aa.staged_partitions = p.D <= kStagedDecodeBatch;  // partition_tokens()
   aa.prefill_items = p.prefill_items;
   aa.prefill_heads_per_cta = opt.prefill_heads_per_cta;
   aa.prefill_warp_rows = prefill_warp_rows(p.W);
@@ -728,7 +715,7 @@ Result<void> CudaQwen3::Impl::decode_step(std::span<const SequenceChunk> batch, 
     }
   std::vector<cuda::PassChunk> chunks(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) chunks[i] = {i, batch[i], cuda::LogitsWanted::kLast};
-  SIESTA_ASSIGN_OR_RETURN(cuda::StepPlan plan, cuda::plan_pass(chunks, padded, shape(padded)));
+  SIESTA_ASSIGN_OR_RETURN(cuda::StepPlan plan, cuda::plan_pass(chunks, padded, shape()));
   int parts = 1;
   while (parts < plan.max_partitions) parts *= 2;
   parts = std::min(parts, parts_for(plan.partition_tokens));
@@ -950,7 +937,7 @@ Result<void> CudaQwen3::forward(std::span<const SequenceChunk> batch, const KvCa
 
   std::vector<size_t> cursor(out.first_row);  // next output row per sequence
   for (const auto& pass : cuda::split_into_passes(batch, {m.opt.max_batch_tokens, m.opt.max_seqs})) {
-    SIESTA_ASSIGN_OR_RETURN(cuda::StepPlan plan, cuda::plan_pass(pass, 0, m.shape_of(pass)));
+    SIESTA_ASSIGN_OR_RETURN(cuda::StepPlan plan, cuda::plan_pass(pass, 0, m.shape()));
     SIESTA_ASSIGN_OR_RETURN(PassDevice p, m.upload(plan, false, {}, kv));
     SIESTA_TRY(m.enqueue_layers(p));
     for (int r0 = 0; r0 < p.R; r0 += m.logits_rows_cap) {
@@ -1016,7 +1003,7 @@ Result<void> CudaQwen3::forward_sample(std::span<const SequenceChunk> batch, con
   }
 
   for (const auto& pass : cuda::split_into_passes(last_only, {m.opt.max_batch_tokens, m.opt.max_seqs})) {
-    SIESTA_ASSIGN_OR_RETURN(cuda::StepPlan plan, cuda::plan_pass(pass, 0, m.shape_of(pass)));
+    SIESTA_ASSIGN_OR_RETURN(cuda::StepPlan plan, cuda::plan_pass(pass, 0, m.shape()));
     std::vector<cuda::SamplingRow> pass_rows;
     std::vector<size_t> pass_seqs;  // the sequence of each logits row
     for (size_t c = 0; c < pass.size(); ++c)

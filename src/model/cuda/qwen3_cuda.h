@@ -83,8 +83,8 @@ struct CudaModelOptions {
   // batch-invariant mode too: a row's result does not depend on its tile there either);
   // false: the mma.sync kernel (prefill_warp_rows). The two differ by rounding. For benchmarks.
   bool prefill_wgmma = true;
-  // Decode attention partition (kernels.h: 64, 128 or 256 tokens) for every pass; 0: 64 tokens for
-  // decode steps of up to 8 sequences (more CTAs where few would run), 256 otherwise.
+  // Decode attention partition (kernels.h: 64, 128 or 256 tokens) for every pass; 0: 256 tokens
+  // (staged in shared memory, on tensor cores, for passes of up to 8 decode sequences).
   int decode_partition_tokens = 0;
   // Passes of up to this many tokens take the GEMV kernel (kernels.h: launch_gemv, at most
   // kGemvMaxRows) for their projections instead of cuBLASLt; -1: kGemvMaxRows. Results differ
