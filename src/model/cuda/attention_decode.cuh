@@ -313,6 +313,28 @@ __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh,
   return nparts;
 }
 
+// Scores of staged tokens t0 .. t0 + 8 kTiles - 1 (K rows in k_s at `stride`)
+// on tensor cores: mma.m16n8k16 over head_dim in k16 steps, the group's query
+// heads as rows 0 .. kGroup - 1 of A (the rest zero) and 8 tokens' K rows as B.
+// Lane (g, q) ends with head g's scores of tokens t0 + 8 i + 2 q (+1) in acc[i][0..1].
+template <int kHeadDim, int kGroup, int kTiles>
+__device__ __forceinline__ void score_tiles(const bf16* q_group, const bf16* k_s, int stride, int t0,
+                                            float (&acc)[kTiles][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const bool head = g < kGroup;
+  const bf16* qrow = q_group + min(g, kGroup - 1) * kHeadDim + 2 * q;
+#pragma unroll
+  for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+    const uint32_t qa[4] = {head ? *reinterpret_cast<const uint32_t*>(qrow + 16 * ks) : 0u, 0u,
+                            head ? *reinterpret_cast<const uint32_t*>(qrow + 16 * ks + 8) : 0u, 0u};
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      const bf16* krow = k_s + (t0 + 8 * i + g) * stride + 16 * ks + 2 * q;
+      mma_bf16(acc[i], qa, *reinterpret_cast<const uint32_t*>(krow), *reinterpret_cast<const uint32_t*>(krow + 8));
+    }
+  }
+}
+
 // decode_attention_item's contract for a partition whose K and V rows are all
 // in shared memory (k_s / v_s: rows p0 .. p0 + n - 1 at `stride` bf16, n <= kP),
 // on tensor cores: the scores as mma.m16n8k16 with the group's query heads as
@@ -343,17 +365,7 @@ __device__ int decode_attention_item_mma(const AttentionArgs& a, int dslot, int 
   if (t0 < n) {
     float acc[2][4] = {};
     const bool head = g < kGroup;
-    const bf16* qrow = q_group + min(g, kGroup - 1) * kHeadDim + 2 * q;
-#pragma unroll
-    for (int s = 0; s < kHeadDim / 16; ++s) {
-      const uint32_t qa[4] = {head ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s) : 0u, 0u,
-                              head ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 8) : 0u, 0u};
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const bf16* krow = k_s + (t0 + 8 * i + g) * stride + 16 * s + 2 * q;  // rows past n: read, never used
-        mma_bf16(acc[i], qa, *reinterpret_cast<const uint32_t*>(krow), *reinterpret_cast<const uint32_t*>(krow + 8));
-      }
-    }
+    score_tiles<kHeadDim, kGroup>(q_group, k_s, stride, t0, acc);  // rows past n: read, never used
     if (head)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -432,17 +444,7 @@ __device__ int decode_attention_item_wide(const AttentionArgs& a, int dslot, int
   float o[kDimTiles][4] = {};
   if (t0 < n) {
     float s[kScoreTiles][4] = {};
-    const bf16* qrow = q_group + min(g, kGroup - 1) * kHeadDim + 2 * q;
-#pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      const uint32_t qa[4] = {head ? *reinterpret_cast<const uint32_t*>(qrow + 16 * ks) : 0u, 0u,
-                              head ? *reinterpret_cast<const uint32_t*>(qrow + 16 * ks + 8) : 0u, 0u};
-#pragma unroll
-      for (int i = 0; i < kScoreTiles; ++i) {
-        const bf16* krow = k_s + (t0 + 8 * i + g) * stride + 16 * ks + 2 * q;  // rows past n: read, masked
-        mma_bf16(s[i], qa, *reinterpret_cast<const uint32_t*>(krow), *reinterpret_cast<const uint32_t*>(krow + 8));
-      }
-    }
+    score_tiles<kHeadDim, kGroup>(q_group, k_s, stride, t0, s);  // rows past n: read, masked below
     // Lane (g, q) holds head g's scores of tokens t0 + 8 i + 2 q (+1) in s[i][0..1].
 #pragma unroll
     for (int i = 0; i < kScoreTiles; ++i)
