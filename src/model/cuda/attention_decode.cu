@@ -71,7 +71,7 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
   if constexpr (kCluster) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   bf16* const k_s = kv_s;
   bf16* const v_s = kv_s + (kStage ? kP * kStride : 0);
-  // The timeline (kernels.h: kTraceCtas) of the 64-token partitions that small
+  // The timeline (kernels.h: kTraceCtas) of the staged partitions that small
   // decode batches take; not compiled for the others (registers).
   unsigned long long* const trace = kP == 64 || kWide ? a.trace : nullptr;
   dev::trace_start(trace);
@@ -265,7 +265,8 @@ cudaError_t launch_clusters(const AttentionArgs& a, int num_decode, int max_part
   cfg.gridDim = dim3(a.num_kv_heads, max_partitions, num_decode);
   cfg.blockDim = dev::kDecodeThreads;
   cfg.stream = launch.stream;
-  static constexpr size_t kInboxMax = kInboxBytes<kHeadDim, kGroup> + (kWide ? kWideStageBytes<kHeadDim, kP> : 0);
+  // The kernel's layout: the inbox (for kMaxClusterPartitions), then kWide's rows.
+  static constexpr size_t kDynamicSmem = kInboxBytes<kHeadDim, kGroup> + (kWide ? kWideStageBytes<kHeadDim, kP> : 0);
   auto* const kernel = decode_attention_kernel<kHeadDim, kGroup, kP, true, kWide>;
   // A grid of at most half as many CTAs as the device has SMs (batch 1 and 2 of
   // a model with 8 kv heads and up to 256 tokens) runs one CTA per SM: its
@@ -280,16 +281,15 @@ cudaError_t launch_clusters(const AttentionArgs& a, int num_decode, int max_part
         cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
         cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) != cudaSuccess ||
         cudaFuncGetAttributes(&fa, kernel) != cudaSuccess)
-      return kInboxMax;
+      return kDynamicSmem;
     const long over_half = per_sm / 2 + 16 - static_cast<long>(fa.sharedSizeBytes) - reserved;
-    return std::max(kInboxMax, static_cast<size_t>(std::max(0L, over_half) + 15) / 16 * 16);
+    return std::max(kDynamicSmem, static_cast<size_t>(std::max(0L, over_half) + 15) / 16 * 16);
   }();
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(spread_smem));
   if (attr != cudaSuccess) return attr;
   const int ctas = a.num_kv_heads * max_partitions * num_decode;
-  const size_t smem = 2 * ctas <= sm_count() ? spread_smem : kInboxMax;
-  cfg.dynamicSmemBytes = smem;  // at least the inbox: the kernel's layout is for kMaxClusterPartitions
+  cfg.dynamicSmemBytes = 2 * ctas <= sm_count() ? spread_smem : kDynamicSmem;
   cudaLaunchAttribute attrs[2]{};
   attrs[0].id = cudaLaunchAttributeClusterDimension;
   attrs[0].val.clusterDim.x = 1;
@@ -361,6 +361,42 @@ cudaError_t launch_for_head_dim(const AttentionArgs& a, int num_decode, int max_
 }  // namespace
 
 bool decode_partition_supported(int tokens) { return tokens == 64 || tokens == 128 || tokens == 256; }
+
+namespace {
+// Whether the staged 256-token instance for this shape fits the device's shared
+// memory per block (it takes ~200 KB at head_dim 128, group 8).
+template <int kHeadDim, int kGroup>
+bool wide_fits() {
+  int device = 0, optin = 0;
+  cudaFuncAttributes fa{};
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+      cudaFuncGetAttributes(&fa, decode_attention_kernel<kHeadDim, kGroup, 256, true, true>) != cudaSuccess)
+    return false;
+  return fa.sharedSizeBytes + kInboxBytes<kHeadDim, kGroup> + kWideStageBytes<kHeadDim, 256> <=
+         static_cast<size_t>(optin);
+}
+template <int kHeadDim>
+bool wide_fits_for_group(int group) {
+  switch (group) {
+    case 1: return wide_fits<kHeadDim, 1>();
+    case 2: return wide_fits<kHeadDim, 2>();
+    case 3: return wide_fits<kHeadDim, 3>();
+    case 4: return wide_fits<kHeadDim, 4>();
+    case 5: return wide_fits<kHeadDim, 5>();
+    case 6: return wide_fits<kHeadDim, 6>();
+    case 7: return wide_fits<kHeadDim, 7>();
+    case 8: return wide_fits<kHeadDim, 8>();
+    default: return false;
+  }
+}
+}  // namespace
+
+bool decode_staged_partitions_supported(int num_heads, int num_kv_heads, int head_dim) {
+  if (!attention_supported(num_heads, num_kv_heads, head_dim)) return false;
+  const int group = num_heads / num_kv_heads;
+  return head_dim == 64 ? wide_fits_for_group<64>(group) : wide_fits_for_group<128>(group);
+}
 
 bool attention_supported(int num_heads, int num_kv_heads, int head_dim) {
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return false;

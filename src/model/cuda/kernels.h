@@ -58,6 +58,9 @@ inline constexpr int kKvBlockSize = 16;
 // CudaModelOptions::decode_partition_tokens fixes. Compiled: 64, 128, 256.
 inline constexpr int kDecodePartitionTokens = 256;
 bool decode_partition_supported(int tokens);
+// Whether AttentionArgs::staged_partitions fits this device's shared memory per
+// block for the shape (the current device; ~200 KB at head_dim 128, group 8).
+bool decode_staged_partitions_supported(int num_heads, int num_kv_heads, int head_dim);
 // Prefill attention: query rows of a work item, per head of a CTA (key tiles are the same size).
 inline constexpr int kPrefillTileRows = 64;
 
@@ -136,7 +139,8 @@ struct AttentionArgs {
   // on tensor cores with a warp per 64 tokens (one CTA per partition, no
   // cluster for contexts of up to 256 tokens). Other results in the last bits
   // than the fp32 item the partition otherwise takes. The model sets it for
-  // passes of up to kGemvMaxRows decode sequences.
+  // passes of up to kGemvMaxRows decode sequences where
+  // decode_staged_partitions_supported.
   bool staged_partitions = false;
   // Decode of a pure decode pass: with qkv set, each decode attention CTA applies
   // q/k norm + RoPE to its query heads itself (q above is not read), and the CTA

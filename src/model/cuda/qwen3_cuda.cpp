@@ -205,6 +205,9 @@ struct CudaQwen3::Impl {
 
   std::unique_ptr<cuda::CublasLtGemm> gemm;
   bool gemv_ok = false;
+  // Decode steps of up to kStagedDecodeBatch sequences stage their partitions
+  // (partition_tokens()), where the device's shared memory allows.
+  bool staged_ok = false;
   int sm_count = 132;  // of the model's device, read at create
   std::map<GraphKey, cudaGraphExec_t> graphs;
 
@@ -233,8 +236,8 @@ struct CudaQwen3::Impl {
   // Decode attention's partition: the option where one is set, else 256
   // tokens. A decode step of up to kStagedDecodeBatch sequences stages its
   // partitions in shared memory and attends on tensor cores, a warp per 64
-  // tokens (AttentionArgs::staged_partitions): its few CTAs would leave most
-  // SMs idle on the fp32 item. Against 64-token partitions combined in a
+  // tokens (AttentionArgs::staged_partitions, where the device's shared memory
+  // per block allows): its few CTAs would leave most SMs idle on the fp32 item. Against 64-token partitions combined in a
   // cluster (0.6B shape, H200, one A/B call): batch 1 0.631 ms per token
   // both, batch 2 0.675 -> 0.657, batch 4 0.736 -> 0.697, batch 8 0.834 ->
   // 0.792 ms per step. The line is the GEMV's (kGemvMaxRows), where results
@@ -499,7 +502,7 @@ cuda::AttentionArgs CudaQwen3::Impl::attention_args(const PassDevice& p) const {
   if (static_cast<size_t>(p.D) * cfg.num_kv_heads <= cuda::kStepSyncWords - kPartitionSyncOffset)
     aa.partition_done = p.sync + kPartitionSyncOffset;
   aa.cluster_partitions = true;  // contexts of 2 to 8 partitions of 64 (kernels.h)
-  aa.staged_partitions = p.D <= kStagedDecodeBatch;  // partition_tokens()
+  aa.staged_partitions = staged_ok && p.D <= kStagedDecodeBatch;  // partition_tokens()
   aa.prefill_items = p.prefill_items;
   aa.prefill_heads_per_cta = opt.prefill_heads_per_cta;
   aa.prefill_warp_rows = prefill_warp_rows(p.W);
@@ -818,6 +821,7 @@ Result<std::unique_ptr<CudaQwen3>> CudaQwen3::create(const ModelConfig& cfg, con
     return invalid_argument("CUDA model: trace needs a build with -DSIESTA_CUDA_TRACE=ON (its kernels carry the marks)");
   if (impl->opt.max_model_len <= 0)
     impl->opt.max_model_len = std::min(cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 32768, 32768);
+  impl->staged_ok = cuda::decode_staged_partitions_supported(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
   impl->gemv_ok = cuda::gemv_supported(1, H) && cuda::gemv_supported(1, cfg.q_dim()) &&
                   cuda::gemv_supported(cuda::kGemvMaxRows, I) && cuda::gemv_supported(cuda::kGemvMaxRows, H) &&
                   cuda::gemv_supported(cuda::kGemvMaxRows, cfg.q_dim());
