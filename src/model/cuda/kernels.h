@@ -131,8 +131,9 @@ struct AttentionArgs {
   // returns the counter to zero, in place of the reduction kernel (one launch fewer, same bits).
   uint32_t* partition_done = nullptr;
   // Decode with 64-token (or staged 256-token) partitions, 2 to 8 of them: the
-  // partitions of a (kv head, sequence) run as one thread-block cluster and combine through distributed
-  // shared memory (same bits, no partial outputs in global memory).
+  // partitions of a (kv head, sequence) run as one thread-block cluster and
+  // combine through distributed shared memory (same bits, no partial outputs
+  // in global memory).
   bool cluster_partitions = false;
   // Decode with 256-token partitions: each partition's K/V rows staged in shared
   // memory (the cached ones before the wait for the previous kernel), attended
@@ -163,7 +164,7 @@ struct AttentionArgs {
   // by rounding. The model chooses per pass (CudaModelOptions::prefill_warp_rows).
   int prefill_warp_rows = 32;
   // Decode: optional timeline (kTraceCtas x kTraceCtaWords), recorded with
-  // 64-token or staged partitions; marks: 3 q/k norm done, 4 the partition's output, 5
+  // staged partitions; marks: 3 q/k norm done, 4 the partition's output, 5
   // partitions combined (cluster: by partition 0; else counted, or reduced by
   // the last CTA), then the end.
   unsigned long long* trace = nullptr;

@@ -237,12 +237,13 @@ struct CudaQwen3::Impl {
   // tokens. A decode step of up to kStagedDecodeBatch sequences stages its
   // partitions in shared memory and attends on tensor cores, a warp per 64
   // tokens (AttentionArgs::staged_partitions, where the device's shared memory
-  // per block allows): its few CTAs would leave most SMs idle on the fp32 item. Against 64-token partitions combined in a
-  // cluster (0.6B shape, H200, one A/B call): batch 1 0.631 ms per token
-  // both, batch 2 0.675 -> 0.657, batch 4 0.736 -> 0.697, batch 8 0.834 ->
-  // 0.792 ms per step. The line is the GEMV's (kGemvMaxRows), where results
-  // already change with the batch; batch-invariant mode sends one-token chunks
-  // through prefill attention and is not affected.
+  // per block allows): its few CTAs would leave most SMs idle on the fp32
+  // item. Against 64-token partitions combined in a cluster (0.6B shape, H200,
+  // one A/B call): batch 1 0.631 ms per token both, batch 2 0.675 -> 0.657,
+  // batch 4 0.736 -> 0.697, batch 8 0.834 -> 0.792 ms per step. The line is
+  // the GEMV's (kGemvMaxRows), where results already change with the batch;
+  // batch-invariant mode sends one-token chunks through prefill attention and
+  // is not affected.
   int partition_tokens() const {
     return opt.decode_partition_tokens > 0 ? opt.decode_partition_tokens : cuda::kDecodePartitionTokens;
   }
@@ -501,7 +502,7 @@ cuda::AttentionArgs CudaQwen3::Impl::attention_args(const PassDevice& p) const {
   // sync words (zeroed by every upload).
   if (static_cast<size_t>(p.D) * cfg.num_kv_heads <= cuda::kStepSyncWords - kPartitionSyncOffset)
     aa.partition_done = p.sync + kPartitionSyncOffset;
-  aa.cluster_partitions = true;  // contexts of 2 to 8 partitions of 64 (kernels.h)
+  aa.cluster_partitions = true;  // contexts of 2 to 8 partitions (kernels.h)
   aa.staged_partitions = staged_ok && p.D <= kStagedDecodeBatch;  // partition_tokens()
   aa.prefill_items = p.prefill_items;
   aa.prefill_heads_per_cta = opt.prefill_heads_per_cta;
