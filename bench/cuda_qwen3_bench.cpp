@@ -374,10 +374,11 @@ int main(int argc, char** argv) {
     const DecodeResult r = run_decode(*model, kv, 1, a.prompt, a.gen, 1);
     const std::vector<siesta::KernelTrace> t = model->trace();
     // Per kernel of a layer (layers 1 to L - 2): ns from the previous kernel's
-    // end to this one's first CTA start, first / last CTA past the wait, its
+    // end to this one's first / last CTA start, first / last CTA past the wait, its
     // marks and its end (negative: before the previous kernel ended).
     constexpr int kWords = siesta::KernelTrace::kMarks, kEnd = kWords - 1;
-    static const char* const kMarks[kWords] = {"start", "wait_first", "wait_last", "mark3", "mark4", "mark5", "end"};
+    static const char* const kMarks[kWords] = {"start", "start_last", "wait_first", "wait_last",
+                                               "mark3", "mark4",      "mark5",      "end"};
     json per_kernel = json::array();
     std::vector<std::string> order;
     std::map<std::string, std::vector<double>> sums;

@@ -92,6 +92,17 @@ __device__ __forceinline__ void trace_mark(unsigned long long* trace, int mark) 
 
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
+// SiLU in fp32, x / (1 + e^-x), with the exponential and the division on the
+// special-function unit (ex2.approx, rcp.approx): a few fp32 ulp from the
+// IEEE expression, so the bf16 it is rounded to differs from HF's in rare last
+// bits. Every SiLU of the model goes through here (the SiLU-mul kernel and the
+// GEMV's SiLU-mul staging and epilogue), which keeps them equal to each other.
+// The exact form's expf and IEEE division cost the prefill's SiLU-mul pass
+// more time than its bytes.
+__device__ __forceinline__ float silu(float x) {
+  return __fdividef(x, 1.0f + __expf(-x));
+}
+
 // Larger key = larger float; a strict total order on non-NaN floats.
 __device__ __forceinline__ uint32_t order_key(float v) {
   const uint32_t u = __float_as_uint(v);

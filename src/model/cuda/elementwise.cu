@@ -363,7 +363,7 @@ __global__ void silu_mul_kernel(const bf16* gate_up, int inter, bf16* out) {
       float o[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        const float silu = round_bf16(g[k][e] / (1.0f + expf(-g[k][e])));
+        const float silu = round_bf16(dev::silu(g[k][e]));
         o[e] = silu * u[k][e];
       }
       store8(dst + c * 8, o);

@@ -70,8 +70,10 @@ __device__ __forceinline__ void block_sums(float (&v)[M]) {
 }
 
 // Stages the M input rows into s_a (rows `stride` bf16 apart), transformed by
-// the input kind; the norm weights, if any, are at s_a + M * stride.
-template <int M>
+// the input kind; the norm weights, if any, are at s_a + M * stride. kSilu:
+// whether the instance takes GemvInput::kSiluMul (the looping one does not:
+// its next weights are already held in registers while it stages).
+template <int M, bool kSilu>
 __device__ void stage_input(const GemvArgs& a, bf16* s_a, int stride) {
   const int K = a.K, chunks = K / 8;
   if (a.input_kind == GemvInput::kRmsNorm) {
@@ -106,7 +108,7 @@ __device__ void stage_input(const GemvArgs& a, bf16* s_a, int stride) {
         store8(s_a + m * stride + c * 8, f);
       }
     }
-  } else if (a.input_kind == GemvInput::kSiluMul) {
+  } else if (kSilu && a.input_kind == GemvInput::kSiluMul) {
     for (int c = threadIdx.x; c < chunks; c += kThreads) {
 #pragma unroll
       for (int m = 0; m < M; ++m) {
@@ -114,7 +116,7 @@ __device__ void stage_input(const GemvArgs& a, bf16* s_a, int stride) {
         load8(a.input + static_cast<size_t>(m) * 2 * K + c * 8, g);
         load8(a.input + static_cast<size_t>(m) * 2 * K + K + c * 8, u);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) g[e] = round_bf16(g[e] / (1.0f + expf(-g[e]))) * u[e];
+        for (int e = 0; e < 8; ++e) g[e] = round_bf16(dev::silu(g[e])) * u[e];
         store8(s_a + m * stride + c * 8, g);
       }
     }
@@ -213,7 +215,8 @@ __global__ __launch_bounds__(kThreads, M == 1 && T == 2 ? 3 : 2) void gemv_kerne
   const float resid = out_m < M && n0 + out_c < out_width && a.output_kind == GemvOutput::kAddBf16
                           ? __bfloat162float(static_cast<const bf16*>(a.out)[first_idx])
                           : 0.0f;
-  stage_input<M>(a, s_a, stride);
+  stage_input<M, !kLoop>(a, s_a, stride);
+  dev::trace_mark(a.trace, 3);  // staged
   // The warps' sums, [warp][m][column]: over the staged input (every warp is
   // done with it after a barrier), or after it when the CTA loops.
   float* red = reinterpret_cast<float*>(smem_raw + (kLoop ? gemv_stage_bytes(a) : 0));
@@ -251,6 +254,7 @@ __global__ __launch_bounds__(kThreads, M == 1 && T == 2 ? 3 : 2) void gemv_kerne
       point_weights(next);
       load_weights(0);
     }
+    dev::trace_mark(a.trace, 4);  // the products done
     const int out_n = n0 + out_c;
     const bool stores = out_m < M && out_n < out_width;
     const size_t out_idx = static_cast<size_t>(out_m) * out_width + out_n;
@@ -262,6 +266,7 @@ __global__ __launch_bounds__(kThreads, M == 1 && T == 2 ? 3 : 2) void gemv_kerne
         red[(warp * M + g) * kCols + 8 * t + 2 * q + 1] = acc[t][1];
       }
     __syncthreads();
+    dev::trace_mark(a.trace, 5);  // the warps' sums in shared memory
     if (stores) {
       float v = 0.0f;
 #pragma unroll
@@ -271,7 +276,7 @@ __global__ __launch_bounds__(kThreads, M == 1 && T == 2 ? 3 : 2) void gemv_kerne
 #pragma unroll
         for (int w8 = 0; w8 < kWarps; ++w8) u += red[(w8 * M + out_m) * kCols + kPairs + out_c];
         const float gate = round_bf16(v);
-        static_cast<bf16*>(a.out)[out_idx] = __float2bfloat16(round_bf16(gate / (1.0f + expf(-gate))) * round_bf16(u));
+        static_cast<bf16*>(a.out)[out_idx] = __float2bfloat16(round_bf16(dev::silu(gate)) * round_bf16(u));
       } else if (a.output_kind == GemvOutput::kLogits) {
         const float logit = round_bf16(v);
         static_cast<float*>(a.out)[out_idx] = logit;
@@ -314,7 +319,7 @@ cudaError_t launch_mt(const GemvArgs& a, const LaunchConfig& launch) {
   const int wave = kCtasPerSm * sm_count();
   if constexpr (T == 2 && M > 1) {
     if (grid > wave && (a.output_kind == GemvOutput::kLogits || a.output_kind == GemvOutput::kBf16) &&
-        gemv_smem(a, true) <= kMaxSmem)
+        a.input_kind != GemvInput::kSiluMul && gemv_smem(a, true) <= kMaxSmem)
       return launch_grid<M, T, true>(a, launch, wave);
   }
   return launch_grid<M, T, false>(a, launch, grid);

@@ -241,7 +241,9 @@ struct GemvArgs {
   // true, once this kernel's CTAs have waited for the previous kernel, so that
   // its weight loads go out ahead of the next kernel's.
   bool release_after_wait = false;
-  // Optional timeline (kTraceCtas x kTraceCtaWords): start, wait, end.
+  // Optional timeline (kTraceCtas x kTraceCtaWords): start, wait; marks 3 the
+  // input staged, 4 the products done, 5 the warps' sums in shared memory;
+  // the end.
   unsigned long long* trace = nullptr;
 };
 // M input rows of K and one norm row fit the GEMV's shared memory; K % 256 == 0.

@@ -874,23 +874,26 @@ std::vector<KernelTrace> CudaQwen3::trace() const {
   std::vector<unsigned long long> w(m.trace_slots() * Impl::kTraceLaunchWords);
   if (cudaMemcpy(w.data(), m.trace_buf, w.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess) return out;
   static const char* const kKernels[] = {"qkv", "attention", "o", "gate_up", "down"};
-  // Per launch: first start, first and last wait, and the last warp at each mark.
-  constexpr int kWords = 3 + cuda::kTraceMarks;
+  // Per launch: first and last start, first and last wait, and the last warp at each mark.
+  constexpr int kWords = 4 + cuda::kTraceMarks;
   static_assert(kWords == KernelTrace::kMarks);
   std::vector<std::array<unsigned long long, kWords>> r(m.trace_slots());
   unsigned long long t0 = ~0ull;
   for (int i = 0; i < m.trace_slots(); ++i) {
     std::array<unsigned long long, kWords> v{};
-    v[0] = v[1] = ~0ull;
+    v[0] = v[2] = ~0ull;
     for (int c = 0; c < cuda::kTraceCtas; ++c) {
       const unsigned long long* cw = &w[i * Impl::kTraceLaunchWords + static_cast<size_t>(c) * cuda::kTraceCtaWords];
-      if (cw[0]) v[0] = std::min(v[0], cw[0]);
+      if (cw[0]) {
+        v[0] = std::min(v[0], cw[0]);
+        v[1] = std::max(v[1], cw[0]);
+      }
       if (cw[1]) {
-        v[1] = std::min(v[1], cw[1]);
-        v[2] = std::max(v[2], cw[1]);
+        v[2] = std::min(v[2], cw[1]);
+        v[3] = std::max(v[3], cw[1]);
       }
       for (int k = 0; k < cuda::kTraceMarks; ++k)
-        for (int warp = 0; warp < 8; ++warp) v[3 + k] = std::max(v[3 + k], cw[8 + 8 * k + warp]);
+        for (int warp = 0; warp < 8; ++warp) v[4 + k] = std::max(v[4 + k], cw[8 + 8 * k + warp]);
     }
     if (v[0] != ~0ull) t0 = std::min(t0, v[0]);
     r[i] = v;

@@ -111,7 +111,7 @@ struct CudaModelOptions {
 struct KernelTrace {
   std::string kernel;
   int layer = -1;
-  static constexpr int kMarks = 7;  // 3 + cuda::kTraceMarks (kernels.h)
+  static constexpr int kMarks = 8;  // 4 + cuda::kTraceMarks (kernels.h)
   double marks[kMarks] = {};
 };
 
