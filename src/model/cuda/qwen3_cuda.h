@@ -104,10 +104,10 @@ struct CudaModelOptions {
 };
 
 // One launch of CudaQwen3::trace(): its kernel and layer, and its marks in ns
-// from the first launch's start (-1: not reached). marks[0] the first CTA's
-// start, [1] / [2] the first / last CTA past the wait for the previous kernel,
-// [3] to [kTraceEnd - 1] the last warp at the kernel's own marks (kernels.h),
-// [kTraceEnd] the last warp's end.
+// from the first launch's start (-1: not reached). marks[0] / [1] the first /
+// last CTA's start, [2] / [3] the first / last CTA past the wait for the
+// previous kernel, [4] to [kMarks - 2] the last warp at the kernel's own marks
+// 3 to kTraceEnd - 1 (kernels.h), [kMarks - 1] the last warp's end.
 struct KernelTrace {
   std::string kernel;
   int layer = -1;
