@@ -1,17 +1,19 @@
 // Decode attention: one query token per sequence over its paged KV cache.
 // One CTA per (kv head, partition, sequence) runs a work item
-// (attention_decode.cuh: dev::decode_attention_item_mma on tensor cores for
-// 64-token partitions staged in shared memory, dev::decode_attention_item in
-// fp32 otherwise); sequences longer than one partition are combined in
-// partition order: within a thread-block cluster of their CTAs (2 to 8
-// partitions of 64 tokens), by the last of their CTAs to finish, or by a second
-// kernel. In pure decode passes the kernel also does q/k norm + RoPE and the KV
+// (attention_decode.cuh: on tensor cores over K/V rows staged in shared memory,
+// dev::decode_attention_item_mma for 64-token partitions and
+// dev::decode_attention_item_wide for 256-token ones of small decode steps;
+// dev::decode_attention_item in fp32 otherwise); sequences longer than one
+// partition are combined in partition order: within a thread-block cluster of
+// their CTAs (2 to 8 partitions, 64-token or staged 256-token), by the last of
+// their CTAs to finish, or by a second kernel. In pure decode passes the kernel also does q/k norm + RoPE and the KV
 // write.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "model/cuda/attention_decode.cuh"
 #include "model/cuda/device_util.cuh"
@@ -343,19 +345,28 @@ cudaError_t launch_for(const AttentionArgs& a, int num_decode, int max_partition
   }
 }
 
+// f(std::integral_constant<int, group>{}) for a GQA group of 1 to 8 (the
+// compiled instances), else `otherwise`.
+template <class F, class R>
+R with_group(int group, R otherwise, F&& f) {
+  switch (group) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    default: return otherwise;
+  }
+}
+
 template <int kHeadDim>
 cudaError_t launch_for_head_dim(const AttentionArgs& a, int num_decode, int max_partitions, const LaunchConfig& launch) {
-  switch (a.num_heads / a.num_kv_heads) {
-    case 1: return launch_for<kHeadDim, 1>(a, num_decode, max_partitions, launch);
-    case 2: return launch_for<kHeadDim, 2>(a, num_decode, max_partitions, launch);
-    case 3: return launch_for<kHeadDim, 3>(a, num_decode, max_partitions, launch);
-    case 4: return launch_for<kHeadDim, 4>(a, num_decode, max_partitions, launch);
-    case 5: return launch_for<kHeadDim, 5>(a, num_decode, max_partitions, launch);
-    case 6: return launch_for<kHeadDim, 6>(a, num_decode, max_partitions, launch);
-    case 7: return launch_for<kHeadDim, 7>(a, num_decode, max_partitions, launch);
-    case 8: return launch_for<kHeadDim, 8>(a, num_decode, max_partitions, launch);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_group(a.num_heads / a.num_kv_heads, cudaErrorInvalidValue, [&](auto group) {
+    return launch_for<kHeadDim, decltype(group)::value>(a, num_decode, max_partitions, launch);
+  });
 }
 
 }  // namespace
@@ -376,26 +387,14 @@ bool wide_fits() {
   return fa.sharedSizeBytes + kInboxBytes<kHeadDim, kGroup> + kWideStageBytes<kHeadDim, 256> <=
          static_cast<size_t>(optin);
 }
-template <int kHeadDim>
-bool wide_fits_for_group(int group) {
-  switch (group) {
-    case 1: return wide_fits<kHeadDim, 1>();
-    case 2: return wide_fits<kHeadDim, 2>();
-    case 3: return wide_fits<kHeadDim, 3>();
-    case 4: return wide_fits<kHeadDim, 4>();
-    case 5: return wide_fits<kHeadDim, 5>();
-    case 6: return wide_fits<kHeadDim, 6>();
-    case 7: return wide_fits<kHeadDim, 7>();
-    case 8: return wide_fits<kHeadDim, 8>();
-    default: return false;
-  }
-}
 }  // namespace
 
 bool decode_staged_partitions_supported(int num_heads, int num_kv_heads, int head_dim) {
   if (!attention_supported(num_heads, num_kv_heads, head_dim)) return false;
-  const int group = num_heads / num_kv_heads;
-  return head_dim == 64 ? wide_fits_for_group<64>(group) : wide_fits_for_group<128>(group);
+  return with_group(num_heads / num_kv_heads, false, [&](auto group) {
+    constexpr int kGroup = decltype(group)::value;
+    return head_dim == 64 ? wide_fits<64, kGroup>() : wide_fits<128, kGroup>();
+  });
 }
 
 bool attention_supported(int num_heads, int num_kv_heads, int head_dim) {
