@@ -41,18 +41,33 @@ template <int kHeadDim, int kGroup>
 constexpr size_t kInboxBytes = ((kMaxClusterPartitions - 1) * kGroup * (kHeadDim + 2) * sizeof(float) + 15) / 16 * 16;
 template <int kHeadDim, int kP>
 constexpr size_t kWideStageBytes = 2 * kP * (kHeadDim + dev::kKvRowPad) * sizeof(bf16);
+// Warps of the wide instances (dev::decode_attention_item_wide): sixteen, each
+// taking 16 of the 256 tokens. Against four (a warp per 64 tokens; 0.6B shape,
+// H200, two A/B calls, ms per step): batch 1 0.624 -> 0.605 and 0.643 -> 0.627,
+// batch 2 0.686 -> 0.662 and 0.696 -> 0.666, batch 8 0.791 -> 0.800 and
+// 0.866 -> 0.843. Each phase of the item is a chain of dependent steps (shared
+// memory loads, MMAs, shuffles) that one warp per scheduler could not hide.
+constexpr int kWideWarps = 16;
 
 // kCluster: the kernel runs as clusters of the partitions of one (kv head,
 // sequence) (cluster dims 1 x max_partitions x 1): partitions 1 .. store their
 // partials into partition 0's shared memory (distributed shared memory), and
 // after one cluster barrier partition 0 combines them from there. No partial
 // outputs in global memory, no counter.
-// (At most 170 registers: unbounded, ptxas spills the head_dim 64, group 5
-// instance; at 128, the head_dim 128, group 1 instance for sm_100.)
-template <int kHeadDim, int kGroup, int kP, bool kCluster, bool kWide = false>
-__global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kernel(AttentionArgs a) {
+// kWarps: the CTA's warps; four, or kWideWarps in the wide instances.
+// (At most 170 registers on four warps: unbounded, ptxas spills the head_dim
+// 64, group 5 instance; at 128, the head_dim 128, group 1 instance for sm_100.
+// On sixteen, at most 128: sm_90a's wide instances take 88-94.)
+template <int kHeadDim, int kGroup, int kP, bool kCluster, bool kWide = false, int kWarps = dev::kDecodeWarps>
+__global__ __launch_bounds__(32 * kWarps, kWarps == dev::kDecodeWarps ? 3 : 1) void decode_attention_kernel(
+    AttentionArgs a) {
+  static_assert(kWide || kWarps == dev::kDecodeWarps, "only the wide item takes another warp count");
+  constexpr int kThreads = 32 * kWarps;
   constexpr bool kStage = kWide || kStageKv<kHeadDim, kGroup, kP>;
   constexpr int kStride = kHeadDim + dev::kKvRowPad;
+  static_assert(!kWide || dev::kWideCombineFloats<kHeadDim, kGroup, kWarps> * sizeof(float) <=
+                              kP * kStride * sizeof(bf16),
+                "the wide item's combine fits where its K rows were");
   __shared__ dev::DecodeAttentionSmem<kHeadDim, kGroup, kP> sm;
   __shared__ __align__(16) bf16 q_normed[kGroup * kHeadDim];
   __shared__ __align__(16) bf16 kv_static[kStage && !kWide ? 2 * kP * kStride : 8];
@@ -73,6 +88,9 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
   if constexpr (kCluster) asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   bf16* const k_s = kv_s;
   bf16* const v_s = kv_s + (kStage ? kP * kStride : 0);
+  // This CTA's normalised partial, [kGroup][kHeadDim] (kCluster, partition 0):
+  // the wide item leaves it where its K rows were.
+  float* const own_partial = kWide ? reinterpret_cast<float*>(k_s) : &sm.red[0][0][0];
   // The timeline (kernels.h: kTraceCtas) of the staged partitions that small
   // decode batches take; not compiled for the others (registers).
   unsigned long long* const trace = kP == 64 || kWide ? a.trace : nullptr;
@@ -103,7 +121,7 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
   int staged = 0;
   if constexpr (kStage) {  // group 2: the K/V rows
     staged = max(0, min(len - 1, (part + 1) * kP) - part * kP);
-    dev::stage_kv_rows<kHeadDim>(dev::cache_rows(a, dslot, kvh), part * kP, staged, k_s, v_s, dev::kDecodeThreads);
+    dev::stage_kv_rows<kHeadDim>(dev::cache_rows(a, dslot, kvh), part * kP, staged, k_s, v_s, kThreads);
   } else {
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
@@ -113,7 +131,7 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
     // that row from the cache, where without qkv the previous kernel wrote it: copied only now.
     if (len > 0 && part == nparts_here - 1 && (!a.qkv || slot < 0)) {
       dev::stage_kv_rows<kHeadDim>(dev::cache_rows(a, dslot, kvh), len - 1, 1, k_s + staged * kStride,
-                                   v_s + staged * kStride, dev::kDecodeThreads);
+                                   v_s + staged * kStride, kThreads);
       ++staged;
     }
   }
@@ -135,7 +153,7 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
       const bf16* k_norm = consts_s + 2 * kHeadDim;
       const bool writes_kv = part == nparts_here - 1 && slot >= 0;
       const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-      for (int u = warp; u < kGroup + (writes_kv ? 2 : 0); u += dev::kDecodeWarps) {
+      for (int u = warp; u < kGroup + (writes_kv ? 2 : 0); u += kWarps) {
         if (u < kGroup) {
           dev::norm_rope_head<kHeadDim>(qkv_row + (kvh * kGroup + u) * kHeadDim, q_norm, rope, a.eps,
                                         q_normed + u * kHeadDim);
@@ -172,7 +190,7 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
   float* stat_smem = nullptr;
   if constexpr (kCluster) {  // the partial goes to partition 0's CTA (rank 0 of the cluster)
     cg::cluster_group cluster = cg::this_cluster();
-    partial_smem = &sm.red[0][0][0];
+    partial_smem = own_partial;
     stat_smem = &sm.stat[0][0];
     if (part > 0) {
       partial_smem = cluster.map_shared_rank(inbox + (part - 1) * kGroup * kHeadDim, 0);
@@ -182,8 +200,8 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
   if constexpr (kWide) {
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();  // the staged rows and the new K/V row, for every thread
-    nparts = dev::decode_attention_item_wide<kHeadDim, kGroup, kP>(a, dslot, kvh, part, q_group, k_s, v_s, kStride, sm,
-                                                                   partial_smem, stat_smem);
+    nparts = dev::decode_attention_item_wide<kHeadDim, kGroup, kP, kWarps>(
+        a, dslot, kvh, part, q_group, k_s, v_s, kStride, sm, own_partial, partial_smem, stat_smem);
   } else if constexpr (kStage) {
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();  // the staged rows and the new K/V row, for every thread
@@ -203,11 +221,11 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
     // 0 combines them in partition order, the others are done.
     cg::this_cluster().sync();
     if (part == 0 && nparts > 1) {
-      for (int i = threadIdx.x; i < kGroup * kHeadDim; i += dev::kDecodeThreads) {
+      for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kThreads) {
         const int g = i / kHeadDim, d = i % kHeadDim;
         const float val = dev::combine_partitions(
             nparts, [&](int p, int k) { return p == 0 ? sm.stat[g][k] : inbox_stat[((p - 1) * kGroup + g) * 2 + k]; },
-            [&](int p) { return p == 0 ? sm.red[0][g][d] : inbox[((p - 1) * kGroup + g) * kHeadDim + d]; });
+            [&](int p) { return p == 0 ? own_partial[g * kHeadDim + d] : inbox[((p - 1) * kGroup + g) * kHeadDim + d]; });
         out_row[(kvh * kGroup + g) * kHeadDim + d] = __float2bfloat16(val);
       }
     }
@@ -237,7 +255,7 @@ __global__ __launch_bounds__(dev::kDecodeThreads, 3) void decode_attention_kerne
     dev::trace_mark(trace, kTraceEnd);
     return;
   }
-  for (int i = threadIdx.x; i < kGroup * kHeadDim; i += dev::kDecodeThreads) {
+  for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kThreads) {
     const int g = i / kHeadDim, d = i % kHeadDim;
     out_row[(kvh * kGroup + g) * kHeadDim + d] =
         __float2bfloat16(dev::reduce_partitions<kHeadDim>(a, dslot, kvh * kGroup + g, nparts, d));
@@ -261,15 +279,15 @@ __global__ __launch_bounds__(kHeadDim) void decode_reduce_kernel(AttentionArgs a
 
 // The partitions of a (kv head, sequence) as one cluster (launch_kernel's
 // launch with a cluster dimension as well).
-template <int kHeadDim, int kGroup, int kP, bool kWide = false>
+template <int kHeadDim, int kGroup, int kP, bool kWide = false, int kWarps = dev::kDecodeWarps>
 cudaError_t launch_clusters(const AttentionArgs& a, int num_decode, int max_partitions, const LaunchConfig& launch) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(a.num_kv_heads, max_partitions, num_decode);
-  cfg.blockDim = dev::kDecodeThreads;
+  cfg.blockDim = 32 * kWarps;
   cfg.stream = launch.stream;
   // The kernel's layout: the inbox (for kMaxClusterPartitions), then kWide's rows.
   static constexpr size_t kDynamicSmem = kInboxBytes<kHeadDim, kGroup> + (kWide ? kWideStageBytes<kHeadDim, kP> : 0);
-  auto* const kernel = decode_attention_kernel<kHeadDim, kGroup, kP, true, kWide>;
+  auto* const kernel = decode_attention_kernel<kHeadDim, kGroup, kP, true, kWide, kWarps>;
   // A grid of at most half as many CTAs as the device has SMs (batch 1 and 2 of
   // a model with 8 kv heads and up to 256 tokens) runs one CTA per SM: its
   // dynamic shared memory is sized so that no second one fits beside it (the
@@ -316,17 +334,18 @@ cudaError_t launch_with(const AttentionArgs& a, int num_decode, int max_partitio
     if (cluster) return launch_clusters<kHeadDim, kGroup, kP>(a, num_decode, max_partitions, launch);
   }
   if constexpr (kCanWide) {
-    if (wide && cluster) return launch_clusters<kHeadDim, kGroup, kP, true>(a, num_decode, max_partitions, launch);
+    if (wide && cluster)
+      return launch_clusters<kHeadDim, kGroup, kP, true, kWideWarps>(a, num_decode, max_partitions, launch);
   }
   const dim3 grid(a.num_kv_heads, max_partitions, num_decode);
   cudaError_t err = cudaSuccess;
   if constexpr (kCanWide) {
     if (wide) {
-      auto* const kernel = decode_attention_kernel<kHeadDim, kGroup, kP, false, true>;
+      auto* const kernel = decode_attention_kernel<kHeadDim, kGroup, kP, false, true, kWideWarps>;
       constexpr size_t smem = kInboxBytes<kHeadDim, kGroup> + kWideStageBytes<kHeadDim, kP>;
       static const cudaError_t attr =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-      err = attr != cudaSuccess ? attr : launch_kernel(kernel, grid, dev::kDecodeThreads, smem, launch, a);
+      err = attr != cudaSuccess ? attr : launch_kernel(kernel, grid, 32 * kWideWarps, smem, launch, a);
     }
   }
   if (!wide)
@@ -382,7 +401,7 @@ bool wide_fits() {
   cudaFuncAttributes fa{};
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
-      cudaFuncGetAttributes(&fa, decode_attention_kernel<kHeadDim, kGroup, 256, true, true>) != cudaSuccess)
+      cudaFuncGetAttributes(&fa, decode_attention_kernel<kHeadDim, kGroup, 256, true, true, kWideWarps>) != cudaSuccess)
     return false;
   return fa.sharedSizeBytes + kInboxBytes<kHeadDim, kGroup> + kWideStageBytes<kHeadDim, 256> <=
          static_cast<size_t>(optin);

@@ -65,7 +65,6 @@ struct DecodeAttentionSmem {
   __align__(16) float red[kDecodeWarps][kGroup][kHeadDim];
   float stat[kGroup][2];
   float group[kDecodeWarps][kGroup];
-  float group_l[kDecodeWarps][kGroup];  // decode_attention_item_wide: each warp's sums
 };
 
 // A work item's sequence: the output row of its query token, its context
@@ -75,13 +74,13 @@ struct PartitionSeq {
   bf16* out_row;
   int kv_len, nparts;
 };
-template <int kHeadDim, int kGroup, int kP>
+template <int kHeadDim, int kGroup, int kP, int kThreads = kDecodeThreads>
 __device__ PartitionSeq partition_seq(const AttentionArgs& a, int dslot, int kvh, int part) {
   const int seq = a.decode_seqs[dslot];
   const int kv_len = a.seq_kv_len[seq];
   bf16* out_row = a.out + static_cast<size_t>(a.seq_q_start[seq]) * a.num_heads * kHeadDim;
   if (kv_len <= 0 && part == 0)
-    for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kDecodeThreads)
+    for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kThreads)
       out_row[kvh * kGroup * kHeadDim + i] = __float2bfloat16(0.0f);
   return {out_row, kv_len, kv_len > 0 ? (kv_len + kP - 1) / kP : 0};
 }
@@ -414,25 +413,40 @@ __device__ int decode_attention_item_mma(const AttentionArgs& a, int dslot, int 
   return nparts;
 }
 
+// Shared memory of decode_attention_item_wide's combine, in floats: each warp's
+// output [kWarps][kGroup][kHeadDim].
+template <int kHeadDim, int kGroup, int kWarps>
+inline constexpr int kWideCombineFloats = kWarps * kGroup * kHeadDim;
+
 // decode_attention_item_mma's contract (rows in shared memory, tensor cores)
-// for long partitions, where each warp takes kP / 4 consecutive tokens on its
-// own: the scores as in decode_attention_item_mma, 8 tokens per n8 tile; a
-// softmax within the warp (the lanes of a head are one quad: two shuffles);
-// P V with the score accumulators, rounded to bf16, as the A fragments as they
-// are (no shared memory between the products) and V through ldmatrix.trans,
-// over every dimension. The four warps' (max, sum, output) then combine in
-// warp order behind two barriers. So a context of up to kP tokens is one CTA
-// with no cluster, and the only barriers are the combine's.
-template <int kHeadDim, int kGroup, int kP>
+// for long partitions, run by kWarps warps (32 kWarps threads, every one of
+// them calls it) that each take kP / kWarps consecutive tokens on their own:
+// the scores as in decode_attention_item_mma, 8 tokens per n8 tile; a softmax
+// within the warp (the lanes of a head are one quad: two shuffles); P V with
+// the score accumulators, rounded to bf16, as the A fragments as they are (no
+// shared memory between the products) and V through ldmatrix.trans, over every
+// dimension. The warps' (max, sum, output) then combine in warp order behind
+// two barriers: their (max, sum) in sm.p, their outputs in `comb`
+// (kWideCombineFloats, which may be where k_s and v_s are: every warp is done
+// with them at the first barrier). So a context of up
+// to kP tokens is one CTA with no cluster, and the only barriers are the
+// combine's. The warp count sets the grouping of the softmax, so results
+// depend on it (and on nothing else but the sequence).
+template <int kHeadDim, int kGroup, int kP, int kWarps>
 __device__ int decode_attention_item_wide(const AttentionArgs& a, int dslot, int kvh, int part, const bf16* q_group,
                                           const bf16* k_s, const bf16* v_s, int stride,
-                                          DecodeAttentionSmem<kHeadDim, kGroup, kP>& sm, float* partial_smem,
-                                          float* stat_smem) {
-  constexpr int kTok = kP / kDecodeWarps;  // a warp's tokens
+                                          DecodeAttentionSmem<kHeadDim, kGroup, kP>& sm, float* comb,
+                                          float* partial_smem, float* stat_smem) {
+  constexpr int kThreads = 32 * kWarps;
+  constexpr int kTok = kP / kWarps;  // a warp's tokens
   constexpr int kScoreTiles = kTok / 8, kDimTiles = kHeadDim / 8;
   static_assert(kTok % 16 == 0, "a warp's tokens are whole k16 steps of P V");
   static_assert(kGroup <= 8, "the group's heads are rows 0..7 of A");
-  const PartitionSeq ps = partition_seq<kHeadDim, kGroup, kP>(a, dslot, kvh, part);
+  static_assert(2 * kWarps <= kP, "the warps' (max, sum) fit in sm.p");
+  float* const red = comb;                       // [kWarps][kGroup][kHeadDim]
+  float* const warp_max = &sm.p[0][0];           // [kWarps][kGroup]
+  float* const warp_sum = warp_max + kWarps * kGroup;  // [kWarps][kGroup]
+  const PartitionSeq ps = partition_seq<kHeadDim, kGroup, kP, kThreads>(a, dslot, kvh, part);
   const int kv_len = ps.kv_len, nparts = ps.nparts, h0 = kvh * kGroup;
   if (part >= nparts) return nparts;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -484,34 +498,34 @@ __device__ int decode_attention_item_wide(const AttentionArgs& a, int dslot, int
   // The warps combine in warp order: each scales its output to the group's
   // maximum (warp 0 always has tokens, so it is finite) and the sums add.
   if (head && q == 0) {
-    sm.group[warp][g] = m;
-    sm.group_l[warp][g] = l;
+    warp_max[warp * kGroup + g] = m;
+    warp_sum[warp * kGroup + g] = l;
   }
-  __syncthreads();
+  __syncthreads();  // and every warp is done with k_s and v_s (comb may be there)
   if (head) {
-    float mx = sm.group[0][g];
+    float mx = warp_max[g];
 #pragma unroll
-    for (int w = 1; w < kDecodeWarps; ++w) mx = fmaxf(mx, sm.group[w][g]);
+    for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, warp_max[w * kGroup + g]);
     const float scale = t0 < n ? exp2f(m - mx) : 0.0f;
+    float* const mine = red + (warp * kGroup + g) * kHeadDim;
 #pragma unroll
     for (int t = 0; t < kDimTiles; ++t)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) sm.red[warp][g][8 * t + 2 * q + e] = o[t][e] * scale;
+      *reinterpret_cast<float2*>(mine + 8 * t + 2 * q) = make_float2(o[t][0] * scale, o[t][1] * scale);
     if (warp == 0 && q == 0) {
       float sum = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) sum += sm.group_l[w][g] * exp2f(sm.group[w][g] - mx);
+      for (int w = 0; w < kWarps; ++w) sum += warp_sum[w * kGroup + g] * exp2f(warp_max[w * kGroup + g] - mx);
       sm.stat[g][0] = mx;
       sm.stat[g][1] = sum;
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kDecodeThreads) {
+  for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kThreads) {
     const int gi = i / kHeadDim, d = i % kHeadDim;
     float sum = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) sum += sm.red[w][gi][d];
-    // Only this thread reads or writes (gi, d) here (partial_smem may be sm.red).
+    for (int w = 0; w < kWarps; ++w) sum += red[(w * kGroup + gi) * kHeadDim + d];
+    // Only this thread reads or writes (gi, d) here (partial_smem may be comb).
     store_partition_value(a, sm, ps.out_row, dslot, h0, part, nparts, gi, d, sum / sm.stat[gi][1], partial_smem,
                           stat_smem);
   }

@@ -137,7 +137,7 @@ struct AttentionArgs {
   bool cluster_partitions = false;
   // Decode with 256-token partitions: each partition's K/V rows staged in shared
   // memory (the cached ones before the wait for the previous kernel), attended
-  // on tensor cores with a warp per 64 tokens (one CTA per partition, no
+  // on tensor cores by 16 warps of 16 tokens (one CTA per partition, no
   // cluster for contexts of up to 256 tokens). Other results in the last bits
   // than the fp32 item the partition otherwise takes. The model sets it for
   // passes of up to kGemvMaxRows decode sequences where

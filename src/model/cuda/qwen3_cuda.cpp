@@ -235,11 +235,11 @@ struct CudaQwen3::Impl {
   cuda::StepShape shape() const { return {partition_tokens(), cuda::kPrefillTileRows, opt.batch_invariant}; }
   // Decode attention's partition: the option where one is set, else 256
   // tokens. A decode step of up to kStagedDecodeBatch sequences stages its
-  // partitions in shared memory and attends on tensor cores, a warp per 64
+  // partitions in shared memory and attends on tensor cores, 16 warps of 16
   // tokens (AttentionArgs::staged_partitions, where the device's shared memory
   // per block allows): its few CTAs would leave most SMs idle on the fp32
   // item. Against 64-token partitions combined in a cluster (0.6B shape, H200,
-  // one A/B call): batch 1 0.631 ms per token both, batch 2 0.675 -> 0.657,
+  // one A/B call, then with 4 warps of 64 tokens): batch 1 0.631 ms per token both, batch 2 0.675 -> 0.657,
   // batch 4 0.736 -> 0.697, batch 8 0.834 -> 0.792 ms per step. The line is
   // the GEMV's (kGemvMaxRows), where results already change with the batch;
   // batch-invariant mode sends one-token chunks through prefill attention and
