@@ -130,6 +130,10 @@ TEST(EngineLoop, ConcurrentSubmissionsMatchRunsAlone) {
   tight.max_num_batched_tokens = 32;   // chunked prefill
   tight.max_num_seqs = 6;
   auto e = make_engine(tight);
+  // The threads submit while the engine is paused, so that all twelve requests
+  // contend for the blocks whatever the threads' timing (on a busy machine they
+  // could otherwise arrive one after another and never preempt).
+  ASSERT_TRUE(e->pause(PauseMode::kKeep, Clock::now() + 10s));
   std::map<std::string, std::vector<int32_t>> batched;
   std::mutex mu;
   std::vector<std::thread> threads;
@@ -139,6 +143,10 @@ TEST(EngineLoop, ConcurrentSubmissionsMatchRunsAlone) {
       std::lock_guard<std::mutex> lock(mu);
       batched[r.id] = c.tokens;
     });
+  const auto submitted = Clock::now() + 10s;
+  while (e->metrics().num_requests_waiting < 12 && Clock::now() < submitted) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(e->metrics().num_requests_waiting, 12);
+  EXPECT_TRUE(e->resume(Clock::now() + 10s));
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(batched, alone);
   // Gauges are published after the step whose outputs the streams already saw.
