@@ -225,7 +225,9 @@ __global__ __launch_bounds__(32 * kWarps, kWarps == dev::kDecodeWarps ? 3 : 1) v
         const int g = i / kHeadDim, d = i % kHeadDim;
         const float val = dev::combine_partitions(
             nparts, [&](int p, int k) { return p == 0 ? sm.stat[g][k] : inbox_stat[((p - 1) * kGroup + g) * 2 + k]; },
-            [&](int p) { return p == 0 ? own_partial[g * kHeadDim + d] : inbox[((p - 1) * kGroup + g) * kHeadDim + d]; });
+            [&](int p) {
+              return p == 0 ? own_partial[g * kHeadDim + d] : inbox[((p - 1) * kGroup + g) * kHeadDim + d];
+            });
         out_row[(kvh * kGroup + g) * kHeadDim + d] = __float2bfloat16(val);
       }
     }

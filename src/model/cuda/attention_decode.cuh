@@ -428,10 +428,10 @@ inline constexpr int kWideCombineFloats = kWarps * kGroup * kHeadDim;
 // dimension. The warps' (max, sum, output) then combine in warp order behind
 // two barriers: their (max, sum) in sm.p, their outputs in `comb`
 // (kWideCombineFloats, which may be where k_s and v_s are: every warp is done
-// with them at the first barrier). So a context of up
-// to kP tokens is one CTA with no cluster, and the only barriers are the
-// combine's. The warp count sets the grouping of the softmax, so results
-// depend on it (and on nothing else but the sequence).
+// with them at the first barrier). So a context of up to kP tokens is one CTA
+// with no cluster, and the only barriers are the combine's. The warp count
+// sets the grouping of the softmax, so results depend on it (and on nothing
+// else but the sequence).
 template <int kHeadDim, int kGroup, int kP, int kWarps>
 __device__ int decode_attention_item_wide(const AttentionArgs& a, int dslot, int kvh, int part, const bf16* q_group,
                                           const bf16* k_s, const bf16* v_s, int stride,
@@ -443,8 +443,8 @@ __device__ int decode_attention_item_wide(const AttentionArgs& a, int dslot, int
   static_assert(kTok % 16 == 0, "a warp's tokens are whole k16 steps of P V");
   static_assert(kGroup <= 8, "the group's heads are rows 0..7 of A");
   static_assert(2 * kWarps <= kP, "the warps' (max, sum) fit in sm.p");
-  float* const red = comb;                       // [kWarps][kGroup][kHeadDim]
-  float* const warp_max = &sm.p[0][0];           // [kWarps][kGroup]
+  float* const red = comb;                             // [kWarps][kGroup][kHeadDim]
+  float* const warp_max = &sm.p[0][0];                 // [kWarps][kGroup]
   float* const warp_sum = warp_max + kWarps * kGroup;  // [kWarps][kGroup]
   const PartitionSeq ps = partition_seq<kHeadDim, kGroup, kP, kThreads>(a, dslot, kvh, part);
   const int kv_len = ps.kv_len, nparts = ps.nparts, h0 = kvh * kGroup;
