@@ -490,6 +490,36 @@ TEST_F(CudaKernels, GemvWithEachPrologueAndEpilogue) {
   }
 }
 
+TEST_F(CudaKernels, GemvSiluMulStagingOfOneLongRow) {
+  // One row of K = 3072 (the down projection of Qwen3-0.6B at batch 1): the
+  // one-row staging loads two chunks per thread before storing either; it must
+  // give the bits of the same row staged among others, and the reference.
+  const int K = 3072, N = 1024;
+  auto w = random_bf16(static_cast<size_t>(N) * K, rng, 0.05f);
+  auto x = random_bf16(static_cast<size_t>(3) * 2 * K, rng, 2.0f);
+  Bf16Array d_w(w.size()), d_x(x.size());
+  d_w.upload(w);
+  d_x.upload(x);
+  const auto wf = to_f32(w), xf = to_f32(x);
+  std::vector<float> a(K);
+  for (int k = 0; k < K; ++k) {
+    const float g = xf[k], u = xf[K + k];
+    a[k] = rb(rb(g / (1.0f + std::exp(-g))) * u);
+  }
+  const auto want = matmul_ref(a, wf, 1, N, K);
+  DeviceArray<float> d_one(N), d_three(static_cast<size_t>(3) * N);
+  GemvArgs one{B(d_x), nullptr, 0.0f, B(d_w), 1, N, K, GemvInput::kSiluMul, GemvOutput::kLogits, d_one.get()};
+  CUDA_OK(launch_gemv(one, nullptr));
+  GemvArgs three = one;
+  three.M = 3;
+  three.out = d_three.get();
+  CUDA_OK(launch_gemv(three, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto got = d_one.download(), rows = d_three.download();
+  EXPECT_LT(rel_err(got, want), 5e-3);
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), rows.begin())) << "row 0 alone differs from row 0 of three";
+}
+
 TEST_F(CudaKernels, GemvArgmaxKeysTakeTheFirstMaximum) {
   // Rows 2500, 100 and 4000 of the weights equal the input: the largest logits,
   // equal; in different warps and CTAs. The key must name row 100.

@@ -108,6 +108,31 @@ __device__ void stage_input(const GemvArgs& a, bf16* s_a, int stride) {
         store8(s_a + m * stride + c * 8, f);
       }
     }
+  } else if (kSilu && a.input_kind == GemvInput::kSiluMul && M == 1) {
+    // One row (the down projection at batch 1, K = 3072 in Qwen3-0.6B): both
+    // chunks of a thread are loaded before either is stored, one round trip to
+    // the cache instead of two (0.606 -> 0.595 ms per token on the H200). The
+    // same arithmetic per value as the loop below.
+    for (int c0 = threadIdx.x; c0 < chunks; c0 += 2 * kThreads) {
+      const int c1 = c0 + kThreads;
+      const uint4* in = reinterpret_cast<const uint4*>(a.input);
+      const uint4 g0 = in[c0], u0 = in[K / 8 + c0];
+      uint4 g1 = make_uint4(0, 0, 0, 0), u1 = g1;
+      if (c1 < chunks) {
+        g1 = in[c1];
+        u1 = in[K / 8 + c1];
+      }
+      auto act = [&](const uint4& gr, const uint4& ur, int c) {
+        float g[8], u[8];
+        dev::unpack8(gr, g);
+        dev::unpack8(ur, u);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) g[e] = round_bf16(dev::silu(g[e])) * u[e];
+        store8(s_a + c * 8, g);
+      };
+      act(g0, u0, c0);
+      if (c1 < chunks) act(g1, u1, c1);
+    }
   } else if (kSilu && a.input_kind == GemvInput::kSiluMul) {
     for (int c = threadIdx.x; c < chunks; c += kThreads) {
 #pragma unroll
