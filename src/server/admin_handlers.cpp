@@ -188,7 +188,7 @@ void add_admin_routes(httplib::Server& s, ServerContext& ctx) {
     s.Post(path, [&ctx, handler](const httplib::Request& req, httplib::Response& res,
                                  const httplib::ContentReader& reader) {
       std::string body;
-      if (!read_body(reader, res, body) || !check_sleep_mode(ctx, req, res)) return;
+      if (!read_body(req, reader, res, body) || !check_sleep_mode(ctx, req, res)) return;
       handler(req, body, res);
     });
   };

@@ -99,7 +99,7 @@ ApiServer::ApiServer(Engine& engine, ServerOptions options)
     s.Post(path, [&ctx, handler](const httplib::Request& req, httplib::Response& res,
                                  const httplib::ContentReader& reader) {
       std::string body;
-      if (read_body(reader, res, body)) handler(req, body, res);
+      if (read_body(req, reader, res, body)) handler(req, body, res);
     });
   };
   post("/v1/completions", [&ctx](const httplib::Request& req, const std::string& body, httplib::Response& res) {

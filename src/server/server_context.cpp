@@ -1,5 +1,7 @@
 #include "server/server_context.h"
 
+#include <strings.h>
+
 #include <random>
 
 namespace siesta::server {
@@ -15,7 +17,11 @@ void send_json(httplib::Response& res, int status, const nlohmann::json& body) {
 
 void send_error(httplib::Response& res, const ApiError& error) { send_json(res, error.status, error.to_json()); }
 
-bool read_body(const httplib::ContentReader& reader, httplib::Response& res, std::string& body) {
+bool read_body(const httplib::Request& req, const httplib::ContentReader& reader, httplib::Response& res,
+               std::string& body) {
+  // As cpp-httplib tells a chunked body (case-insensitive "chunked").
+  const bool chunked = strcasecmp(req.get_header_value("Transfer-Encoding").c_str(), "chunked") == 0;
+  if (!req.has_header("Content-Length") && !chunked) return true;
   const bool ok = reader([&](const char* data, size_t len) {
     body.append(data, len);
     return true;

@@ -34,8 +34,13 @@ void send_error(httplib::Response& res, const ApiError& error);
 // Reads a POST body through cpp-httplib's content reader. Bodies are read
 // this way, not into Request::body, so that a JSON body sent with curl's
 // default form content type is not parsed as a form (which cpp-httplib caps at
-// 8 KiB). false after answering 413 (over max_request_body_bytes) or 400.
-bool read_body(const httplib::ContentReader& reader, httplib::Response& res, std::string& body);
+// 8 KiB). A request with neither Content-Length nor chunked transfer encoding
+// has no body (HTTP/1.1; `curl -X POST host/sleep?level=1` sends such
+// requests): read as empty at once, where cpp-httplib's reader would wait for
+// the connection to close. false after answering 413 (over
+// max_request_body_bytes) or 400.
+bool read_body(const httplib::Request& req, const httplib::ContentReader& reader, httplib::Response& res,
+               std::string& body);
 // The body as a JSON value, or false after answering 400 for malformed JSON.
 bool parse_json_body(const std::string& body, httplib::Response& res, nlohmann::json& out);
 // 404 model_not_found when the body names a model other than the served one

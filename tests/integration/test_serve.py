@@ -385,6 +385,21 @@ def bad_input_gets_openai_errors():
     for kw, status, needle, code in cases:
         s, b = request(PORT, "POST", P, **kw)
         expect_error(s, b, status, needle, code)
+    # A POST that announces no body (no Content-Length, not chunked) has none: answered at once.
+    sock = socket.create_connection(("127.0.0.1", PORT), timeout=TIMEOUT)
+    try:
+        t0 = time.monotonic()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+        elapsed = time.monotonic() - t0
+    finally:
+        sock.close()
+    head, _, raw = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), data
+    assert elapsed < 2, f"the server waited {elapsed:.1f} s for a body that was never announced"
+    expect_error(400, json.loads(raw), 400, "body is empty")
     s, b = request(PORT, "GET", "/v1/no-such-route")
     expect_error(s, b, 404, "/v1/no-such-route")
     s, b = request(PORT, "GET", "/v1/completions")

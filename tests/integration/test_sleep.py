@@ -440,6 +440,26 @@ try:
         assert_state(admin("POST", "/wake_up"), "running")  # reads the checkpoint again
         assert outputs() == BASELINE
 
+    def admin_post_without_body_or_length():
+        # `curl -X POST host/sleep?level=1` sends neither a body nor Content-Length.
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT_S)
+        try:
+            t0 = time.monotonic()
+            s.sendall(b"POST /sleep?level=1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + API_KEY.encode() +
+                      b"\r\nConnection: close\r\n\r\n")
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+            elapsed = time.monotonic() - t0
+        finally:
+            s.close()
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), data
+        assert elapsed < 2, f"the server waited {elapsed:.1f} s for a body that was never announced"
+        assert_state(json.loads(body), "sleeping_level_1")
+        assert_state(admin("POST", "/wake_up"), "running")
+        assert outputs() == BASELINE
+
     def admin_needs_the_api_key():
         for method, path in (("POST", "/sleep?level=1"), ("GET", "/is_sleeping"), ("GET", "/memory")):
             status, j = request(srv.port, method, path)
@@ -492,7 +512,7 @@ try:
     for fn in (awake_memory_is_resident_from_the_pool, twelve_cycles_keep_the_outputs, hundred_cycles_do_not_creep,
                sleep_keep_with_32_streams, request_sent_while_asleep_is_served_after_wake,
                repeated_calls_answer_200_with_the_unchanged_state, wrong_calls_get_4xx_and_the_engine_keeps_serving,
-               admin_needs_the_api_key, without_sleep_mode_admin_answers_400,
+               admin_post_without_body_or_length, admin_needs_the_api_key, without_sleep_mode_admin_answers_400,
                reload_weights_from_another_checkpoint_and_back):
         def settled_then(fn=fn):
             # A check that failed half-way must not leave the next one asleep.
