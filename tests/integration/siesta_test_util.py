@@ -8,9 +8,11 @@ import argparse
 import array
 import json
 import os
+import socket
 import struct
 import subprocess
 import sys
+import time
 import traceback
 
 
@@ -25,6 +27,23 @@ def run(cmd, input=None, timeout=300):
     """Runs cmd; returns (returncode, stdout, stderr)."""
     r = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
     return r.returncode, r.stdout, r.stderr
+
+
+def post_without_length(port, path, headers=b"", timeout=60):
+    """POSTs with neither a body nor Content-Length (what `curl -X POST URL` sends), on a raw
+    socket; returns (response head, response body, seconds until the server closed)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        t0 = time.monotonic()
+        s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n" + headers + b"Connection: close\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        elapsed = time.monotonic() - t0
+    finally:
+        s.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head, body, elapsed
 
 
 def read_safetensors(path):

@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fake_pd_engine import FakeEngine  # noqa: E402
-from siesta_test_util import Checks, expect_clean_error, parse_args, run  # noqa: E402
+from siesta_test_util import Checks, expect_clean_error, parse_args, post_without_length, run  # noqa: E402
 
 args = parse_args()
 SIESTA = args.siesta
@@ -536,21 +536,9 @@ try:
     def admin_post_without_body_or_length():
         # `curl -X POST host/sleep?level=2` sends neither a body nor Content-Length.
         fresh()
-        s = socket.create_connection(("127.0.0.1", seq.port), timeout=HTTP_TIMEOUT_S)
-        try:
-            s.sendall(b"POST /sleep?level=2&role=decode HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            t0 = time.monotonic()
-            data = b""
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        finally:
-            s.close()
-        head, _, body = data.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 200"), data
-        assert time.monotonic() - t0 < 2, "the proxy waited for a body that was never announced"
+        head, body, elapsed = post_without_length(seq.port, "/sleep?level=2&role=decode", timeout=HTTP_TIMEOUT_S)
+        assert head.startswith(b"HTTP/1.1 200"), (head, body)
+        assert elapsed < 2, "the proxy waited for a body that was never announced"
         out = json.loads(body)
         assert set(out) == {D[0].url, D[1].url} and all(v["body"]["query"] == {"level": ["2"]} for v in out.values())
 

@@ -12,7 +12,7 @@ import tempfile
 import threading
 import time
 
-from siesta_test_util import Checks, parse_args, run
+from siesta_test_util import Checks, parse_args, post_without_length, run
 
 args = parse_args()
 SIESTA = args.siesta
@@ -386,18 +386,8 @@ def bad_input_gets_openai_errors():
         s, b = request(PORT, "POST", P, **kw)
         expect_error(s, b, status, needle, code)
     # A POST that announces no body (no Content-Length, not chunked) has none: answered at once.
-    sock = socket.create_connection(("127.0.0.1", PORT), timeout=TIMEOUT)
-    try:
-        t0 = time.monotonic()
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-        elapsed = time.monotonic() - t0
-    finally:
-        sock.close()
-    head, _, raw = data.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 400"), data
+    head, raw, elapsed = post_without_length(PORT, "/v1/completions", timeout=TIMEOUT)
+    assert head.startswith(b"HTTP/1.1 400"), (head, raw)
     assert elapsed < 2, f"the server waited {elapsed:.1f} s for a body that was never announced"
     expect_error(400, json.loads(raw), 400, "body is empty")
     s, b = request(PORT, "GET", "/v1/no-such-route")

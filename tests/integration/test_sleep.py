@@ -26,7 +26,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from siesta_test_util import Checks, parse_args, run  # noqa: E402
+from siesta_test_util import Checks, parse_args, post_without_length, run  # noqa: E402
 
 args = parse_args()
 SIESTA = args.siesta
@@ -442,19 +442,9 @@ try:
 
     def admin_post_without_body_or_length():
         # `curl -X POST host/sleep?level=1` sends neither a body nor Content-Length.
-        s = socket.create_connection(("127.0.0.1", srv.port), timeout=HTTP_TIMEOUT_S)
-        try:
-            t0 = time.monotonic()
-            s.sendall(b"POST /sleep?level=1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + API_KEY.encode() +
-                      b"\r\nConnection: close\r\n\r\n")
-            data = b""
-            while chunk := s.recv(65536):
-                data += chunk
-            elapsed = time.monotonic() - t0
-        finally:
-            s.close()
-        head, _, body = data.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 200"), data
+        head, body, elapsed = post_without_length(srv.port, "/sleep?level=1",
+                                                  b"Authorization: Bearer " + API_KEY.encode() + b"\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), (head, body)
         assert elapsed < 2, f"the server waited {elapsed:.1f} s for a body that was never announced"
         assert_state(json.loads(body), "sleeping_level_1")
         assert_state(admin("POST", "/wake_up"), "running")
