@@ -27,7 +27,8 @@
 // --trace: the timeline of the last batch-1 decode step, graphs and programmatic
 // launch on (CudaModelOptions::trace): per kernel of a layer, when its CTAs
 // start, pass the wait for the previous kernel and end, as means over the
-// layers, each relative to the previous kernel's end ("trace" in the JSON).
+// layers, each relative to the previous kernel's end ("trace" in the JSON, which
+// also lists every launch's recorded CTAs: SM, start, wait and marks).
 // Needs a build with -DSIESTA_CUDA_TRACE=ON (the kernels' marks).
 #if defined(SIESTA_HAVE_CUDA)
 
@@ -410,9 +411,18 @@ int main(int argc, char** argv) {
     }
     std::printf("  layer: %.0f ns from one down projection's end to the next\n", layer_ns);
     json launches = json::array();
-    for (const auto& k : t)
-      launches.push_back(
-          {{"kernel", k.kernel}, {"layer", k.layer}, {"marks_ns", std::vector<double>(k.marks, k.marks + kWords)}});
+    for (const auto& k : t) {
+      json ctas = json::array();  // per recorded CTA: SM, start, wait, marks 3 .. end
+      for (const auto& c : k.ctas) {
+        json row = {c.sm};
+        for (double ns : c.ns) row.push_back(ns);
+        ctas.push_back(row);
+      }
+      launches.push_back({{"kernel", k.kernel},
+                          {"layer", k.layer},
+                          {"marks_ns", std::vector<double>(k.marks, k.marks + kWords)},
+                          {"ctas", ctas}});
+    }
     trace = {{"ms_per_step", r.ms_per_step}, {"per_kernel_mean_ns", per_kernel}, {"layer_ns", layer_ns},
              {"launches", launches}};
   }

@@ -74,7 +74,12 @@ __device__ __forceinline__ unsigned long long* trace_words(unsigned long long* t
 __device__ __forceinline__ void trace_start(unsigned long long* trace) {
   if constexpr (kTraceCompiled)
     if (threadIdx.x == 0)
-      if (unsigned long long* w = trace_words(trace)) w[0] = global_ns();
+      if (unsigned long long* w = trace_words(trace)) {
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        w[0] = global_ns();
+        w[2] = sm + 1;  // 0: not recorded
+      }
 }
 __device__ __forceinline__ void trace_waited(unsigned long long* trace) {
   if constexpr (kTraceCompiled)

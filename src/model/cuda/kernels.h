@@ -38,7 +38,7 @@ struct LaunchConfig {
 // A launch's timeline (CudaModelOptions::trace), %globaltimer readings in ns
 // stored without atomics (so that recording does not serialise the CTAs):
 // kTraceCtaWords words for each of the first kTraceCtas CTAs. Word 0: the CTA's
-// start, 1: it passed griddepcontrol.wait; then for each of kTraceMarks per-warp
+// start, 1: it passed griddepcontrol.wait, 2: its SM's id + 1; then for each of kTraceMarks per-warp
 // marks (kernel-specific marks 3 to kTraceEnd - 1, then kTraceEnd = the warp's
 // end) eight words, one per warp. Zero = not reached.
 // The marks are compiled only in builds with SIESTA_CUDA_TRACE (CMake option).

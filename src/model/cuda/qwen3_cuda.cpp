@@ -877,36 +877,46 @@ std::vector<KernelTrace> CudaQwen3::trace() const {
   // Per launch: first and last start, first and last wait, and the last warp at each mark.
   constexpr int kWords = 4 + cuda::kTraceMarks;
   static_assert(kWords == KernelTrace::kMarks);
+  using CtaWords = std::array<unsigned long long, 2 + cuda::kTraceMarks>;  // start, wait, last warp at each mark
   std::vector<std::array<unsigned long long, kWords>> r(m.trace_slots());
+  std::vector<std::vector<std::pair<int, CtaWords>>> ctas(m.trace_slots());
   unsigned long long t0 = ~0ull;
   for (int i = 0; i < m.trace_slots(); ++i) {
     std::array<unsigned long long, kWords> v{};
     v[0] = v[2] = ~0ull;
     for (int c = 0; c < cuda::kTraceCtas; ++c) {
       const unsigned long long* cw = &w[i * Impl::kTraceLaunchWords + static_cast<size_t>(c) * cuda::kTraceCtaWords];
-      if (cw[0]) {
-        v[0] = std::min(v[0], cw[0]);
-        v[1] = std::max(v[1], cw[0]);
-      }
+      if (!cw[0]) continue;  // no such CTA
+      CtaWords cta{cw[0], cw[1]};
+      v[0] = std::min(v[0], cw[0]);
+      v[1] = std::max(v[1], cw[0]);
       if (cw[1]) {
         v[2] = std::min(v[2], cw[1]);
         v[3] = std::max(v[3], cw[1]);
       }
       for (int k = 0; k < cuda::kTraceMarks; ++k)
-        for (int warp = 0; warp < 8; ++warp) v[4 + k] = std::max(v[4 + k], cw[8 + 8 * k + warp]);
+        for (int warp = 0; warp < 8; ++warp) cta[2 + k] = std::max(cta[2 + k], cw[8 + 8 * k + warp]);
+      for (int k = 0; k < cuda::kTraceMarks; ++k) v[4 + k] = std::max(v[4 + k], cta[2 + k]);
+      ctas[i].emplace_back(static_cast<int>(cw[2]) - 1, cta);
     }
     if (v[0] != ~0ull) t0 = std::min(t0, v[0]);
     r[i] = v;
   }
+  auto rel = [&](unsigned long long v) {
+    return v != 0 && v != ~0ull ? static_cast<double>(static_cast<long long>(v - t0)) : -1.0;
+  };
   for (int i = 0; i < m.trace_slots(); ++i) {
     KernelTrace k;
     k.kernel = kKernels[i % 5];
     k.layer = i / 5;
-    for (int j = 0; j < kWords; ++j) {
-      const unsigned long long v = r[i][j];
-      k.marks[j] = v != 0 && v != ~0ull ? static_cast<double>(static_cast<long long>(v - t0)) : -1.0;
+    for (int j = 0; j < kWords; ++j) k.marks[j] = rel(r[i][j]);
+    for (const auto& [sm, words] : ctas[i]) {
+      KernelTrace::Cta c;
+      c.sm = sm;
+      for (size_t j = 0; j < words.size(); ++j) c.ns[j] = rel(words[j]);
+      k.ctas.push_back(c);
     }
-    out.push_back(k);
+    out.push_back(std::move(k));
   }
   return out;
 }

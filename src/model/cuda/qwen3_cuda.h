@@ -113,6 +113,14 @@ struct KernelTrace {
   int layer = -1;
   static constexpr int kMarks = 8;  // 4 + cuda::kTraceMarks (kernels.h)
   double marks[kMarks] = {};
+  // Per recorded CTA (the first cuda::kTraceCtas): its SM, its start, its
+  // passing the wait, then the last of its warps at each kernel mark (3 to
+  // the end); ns on the marks' clock, -1 where not reached.
+  struct Cta {
+    int sm = -1;
+    double ns[2 + 4] = {};
+  };
+  std::vector<Cta> ctas;
 };
 
 // forward_sample's result: one token per sequence of the batch. A row the
