@@ -99,9 +99,8 @@ __global__ __launch_bounds__(32 * kWarps, kWarps == dev::kDecodeWarps ? 3 : 1) v
   // step metadata (uploaded before the pass's first kernel), the RoPE row and
   // norm weights, and the cached rows of this partition (every position but
   // the step's new one, written by earlier steps).
-  const int seq = a.decode_seqs[dslot];
-  const int row = a.seq_q_start[seq];
-  const int len = a.seq_kv_len[seq];
+  const dev::DecodeSeq dseq = dev::decode_seq(a, dslot);
+  const int row = dseq.row, len = dseq.kv_len;
   const int nparts_here = (len + kP - 1) / kP;
   const bool qk_here = a.qkv && len > 0 && part < nparts_here;
   const int slot = qk_here ? a.slots[row] : -1;
@@ -201,15 +200,15 @@ __global__ __launch_bounds__(32 * kWarps, kWarps == dev::kDecodeWarps ? 3 : 1) v
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();  // the staged rows and the new K/V row, for every thread
     nparts = dev::decode_attention_item_wide<kHeadDim, kGroup, kP, kWarps>(
-        a, dslot, kvh, part, q_group, k_s, v_s, kStride, sm, own_partial, partial_smem, stat_smem);
+        a, dslot, dseq, kvh, part, q_group, k_s, v_s, kStride, sm, own_partial, partial_smem, stat_smem);
   } else if constexpr (kStage) {
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();  // the staged rows and the new K/V row, for every thread
-    nparts = dev::decode_attention_item_mma<kHeadDim, kGroup, kP>(a, dslot, kvh, part, q_group, k_s, v_s, kStride, sm,
+    nparts = dev::decode_attention_item_mma<kHeadDim, kGroup, kP>(a, dslot, dseq, kvh, part, q_group, k_s, v_s, kStride, sm,
                                                                   partial_smem, stat_smem);
   } else {
     __syncthreads();  // the new K/V row written above, for every thread
-    nparts = dev::decode_attention_item<kHeadDim, kGroup, kP>(a, dslot, kvh, part, q_group,
+    nparts = dev::decode_attention_item<kHeadDim, kGroup, kP>(a, dslot, dseq, kvh, part, q_group,
                                                               dev::cache_rows(a, dslot, kvh), sm,
                                                               partial_smem, stat_smem);
   }

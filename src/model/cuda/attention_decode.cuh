@@ -67,6 +67,18 @@ struct DecodeAttentionSmem {
   float group[kDecodeWarps][kGroup];
 };
 
+// A decode slot's sequence as the step metadata gives it: its query token's
+// row and its context length. The kernel reads it before it waits for the
+// previous one (the metadata is uploaded before the pass's first kernel), so
+// that the work items do not start with two dependent loads.
+struct DecodeSeq {
+  int row, kv_len;
+};
+__device__ __forceinline__ DecodeSeq decode_seq(const AttentionArgs& a, int dslot) {
+  const int seq = a.decode_seqs[dslot];
+  return {a.seq_q_start[seq], a.seq_kv_len[seq]};
+}
+
 // A work item's sequence: the output row of its query token, its context
 // length and partition count (0: padding, whose output partition 0 sets to
 // zeros without reading the cache).
@@ -75,10 +87,9 @@ struct PartitionSeq {
   int kv_len, nparts;
 };
 template <int kHeadDim, int kGroup, int kP, int kThreads = kDecodeThreads>
-__device__ PartitionSeq partition_seq(const AttentionArgs& a, int dslot, int kvh, int part) {
-  const int seq = a.decode_seqs[dslot];
-  const int kv_len = a.seq_kv_len[seq];
-  bf16* out_row = a.out + static_cast<size_t>(a.seq_q_start[seq]) * a.num_heads * kHeadDim;
+__device__ PartitionSeq partition_seq(const AttentionArgs& a, const DecodeSeq& seq, int kvh, int part) {
+  const int kv_len = seq.kv_len;
+  bf16* out_row = a.out + static_cast<size_t>(seq.row) * a.num_heads * kHeadDim;
   if (kv_len <= 0 && part == 0)
     for (int i = threadIdx.x; i < kGroup * kHeadDim; i += kThreads)
       out_row[kvh * kGroup * kHeadDim + i] = __float2bfloat16(0.0f);
@@ -185,7 +196,7 @@ __device__ __forceinline__ void store_partition_value(const AttentionArgs& a,
 // partial_smem may be &sm.red[0][0][0] (each thread rewrites only values it
 // has read).
 template <int kHeadDim, int kGroup, int kP, class Rows>
-__device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh, int part, const bf16* q_group,
+__device__ int decode_attention_item(const AttentionArgs& a, int dslot, const DecodeSeq& seq, int kvh, int part, const bf16* q_group,
                                      const Rows& rows, DecodeAttentionSmem<kHeadDim, kGroup, kP>& sm,
                                      float* partial_smem = nullptr, float* stat_smem = nullptr) {
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per K row
@@ -194,7 +205,7 @@ __device__ int decode_attention_item(const AttentionArgs& a, int dslot, int kvh,
   auto& red_s = sm.red;
   auto& stat_s = sm.stat;
 
-  const PartitionSeq ps = partition_seq<kHeadDim, kGroup, kP>(a, dslot, kvh, part);
+  const PartitionSeq ps = partition_seq<kHeadDim, kGroup, kP>(a, seq, kvh, part);
   const int kv_len = ps.kv_len, nparts = ps.nparts, h0 = kvh * kGroup;
   bf16* const out_row = ps.out_row;
   if (part >= nparts) return nparts;
@@ -343,7 +354,7 @@ __device__ __forceinline__ void score_tiles(const bf16* q_group, const bf16* k_s
 // and HF's bf16 attention round them) and V through ldmatrix.trans as B, a warp
 // taking kHeadDim / 4 dimensions over all the tokens, so no warp sums meet.
 template <int kHeadDim, int kGroup, int kP>
-__device__ int decode_attention_item_mma(const AttentionArgs& a, int dslot, int kvh, int part, const bf16* q_group,
+__device__ int decode_attention_item_mma(const AttentionArgs& a, int dslot, const DecodeSeq& seq, int kvh, int part, const bf16* q_group,
                                          const bf16* k_s, const bf16* v_s, int stride,
                                          DecodeAttentionSmem<kHeadDim, kGroup, kP>& sm, float* partial_smem,
                                          float* stat_smem) {
@@ -351,7 +362,7 @@ __device__ int decode_attention_item_mma(const AttentionArgs& a, int dslot, int 
   static_assert(kGroup <= 8, "the group's heads are rows 0..7 of A");
   auto& p_s = sm.p;
   auto& stat_s = sm.stat;
-  const PartitionSeq ps = partition_seq<kHeadDim, kGroup, kP>(a, dslot, kvh, part);
+  const PartitionSeq ps = partition_seq<kHeadDim, kGroup, kP>(a, seq, kvh, part);
   const int kv_len = ps.kv_len, nparts = ps.nparts, h0 = kvh * kGroup;
   bf16* const out_row = ps.out_row;
   if (part >= nparts) return nparts;
@@ -433,7 +444,7 @@ inline constexpr int kWideCombineFloats = kWarps * kGroup * kHeadDim;
 // sets the grouping of the softmax, so results depend on it (and on nothing
 // else but the sequence).
 template <int kHeadDim, int kGroup, int kP, int kWarps>
-__device__ int decode_attention_item_wide(const AttentionArgs& a, int dslot, int kvh, int part, const bf16* q_group,
+__device__ int decode_attention_item_wide(const AttentionArgs& a, int dslot, const DecodeSeq& seq, int kvh, int part, const bf16* q_group,
                                           const bf16* k_s, const bf16* v_s, int stride,
                                           DecodeAttentionSmem<kHeadDim, kGroup, kP>& sm, float* comb,
                                           float* partial_smem, float* stat_smem) {
@@ -446,7 +457,7 @@ __device__ int decode_attention_item_wide(const AttentionArgs& a, int dslot, int
   float* const red = comb;                             // [kWarps][kGroup][kHeadDim]
   float* const warp_max = &sm.p[0][0];                 // [kWarps][kGroup]
   float* const warp_sum = warp_max + kWarps * kGroup;  // [kWarps][kGroup]
-  const PartitionSeq ps = partition_seq<kHeadDim, kGroup, kP, kThreads>(a, dslot, kvh, part);
+  const PartitionSeq ps = partition_seq<kHeadDim, kGroup, kP, kThreads>(a, seq, kvh, part);
   const int kv_len = ps.kv_len, nparts = ps.nparts, h0 = kvh * kGroup;
   if (part >= nparts) return nparts;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
