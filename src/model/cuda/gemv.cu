@@ -237,10 +237,12 @@ __global__ __launch_bounds__(kThreads, M == 1 && T == 2 ? 3 : 2) void gemv_kerne
   // read now, beside the staging (kLoop: no residual).
   const int cols = silu ? kPairs : kCols, out_width = silu ? half : a.N;
   const int out_m = threadIdx.x / cols, out_c = threadIdx.x % cols;
+  // Kept as bf16 until the store: converted where it was loaded, the
+  // conversion made every thread wait for that load before its staging.
   const size_t first_idx = static_cast<size_t>(out_m) * out_width + n0 + out_c;
-  const float resid = out_m < M && n0 + out_c < out_width && a.output_kind == GemvOutput::kAddBf16
-                          ? __bfloat162float(static_cast<const bf16*>(a.out)[first_idx])
-                          : 0.0f;
+  bf16 resid{};
+  if (!kLoop && out_m < M && n0 + out_c < out_width && a.output_kind == GemvOutput::kAddBf16)
+    resid = static_cast<const bf16*>(a.out)[first_idx];
   stage_input<M, !kLoop>(a, s_a, stride);
   dev::trace_mark(a.trace, 3);  // staged
   // The warps' sums, [warp][m][column]: over the staged input (every warp is
@@ -319,7 +321,7 @@ __global__ __launch_bounds__(kThreads, M == 1 && T == 2 ? 3 : 2) void gemv_kerne
         static_cast<float*>(a.out)[out_idx] = logit;
         if (a.argmax) atomicMax(&best[out_m], dev::argmax_key(logit, out_n));
       } else if (a.output_kind == GemvOutput::kAddBf16) {
-        static_cast<bf16*>(a.out)[out_idx] = __float2bfloat16(resid + round_bf16(v));
+        static_cast<bf16*>(a.out)[out_idx] = __float2bfloat16(__bfloat162float(resid) + round_bf16(v));
       } else {
         static_cast<bf16*>(a.out)[out_idx] = __float2bfloat16(v);
       }
