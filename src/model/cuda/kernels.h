@@ -236,14 +236,9 @@ struct GemvArgs {
   // Optional, with kLogits: M words, zero before the launch, that end as each
   // row's largest dev::argmax_key (its first maximum) for launch_sample_tokens.
   unsigned long long* argmax = nullptr;
-  // With programmatic launch, when the next kernel's CTAs may start: false, at
-  // this kernel's start (they start their own weight loads beside this one's);
-  // true, once this kernel's CTAs have waited for the previous kernel, so that
-  // its weight loads go out ahead of the next kernel's.
-  bool release_after_wait = false;
-  // Optional timeline (kTraceCtas x kTraceCtaWords): start, wait; marks 3 the
-  // input staged, 4 the products done, 5 the warps' sums in shared memory;
-  // the end.
+  // Optional timeline (kTraceCtas x kTraceCtaWords), recorded when M is 1:
+  // start, wait; marks 3 the input staged, 4 the products done, 5 the warps'
+  // sums in shared memory; the end.
   unsigned long long* trace = nullptr;
 };
 // M input rows of K and one norm row fit the GEMV's shared memory; K % 256 == 0.

@@ -591,10 +591,6 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
                           silu_in_gate_up ? cuda::GemvInput::kPlain : cuda::GemvInput::kSiluMul,
                           cuda::GemvOutput::kAddBf16, x};
       down.trace = trace_slot(5 * l + 4);
-      // The next layer's QKV projection (or the LM head) loads its weights
-      // once the down projection's CTAs have waited, not beside their own
-      // loads (which start late: gate/up's CTAs fill the register file).
-      down.release_after_wait = true;
       SIESTA_CUDA_TRY(cuda::launch_gemv(down, launch()), "down projection (GEMV)");
       mark("down_gemv");
     } else {
