@@ -204,8 +204,8 @@ __global__ __launch_bounds__(32 * kWarps, kWarps == dev::kDecodeWarps ? 3 : 1) v
   } else if constexpr (kStage) {
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();  // the staged rows and the new K/V row, for every thread
-    nparts = dev::decode_attention_item_mma<kHeadDim, kGroup, kP>(a, dslot, dseq, kvh, part, q_group, k_s, v_s, kStride, sm,
-                                                                  partial_smem, stat_smem);
+    nparts = dev::decode_attention_item_mma<kHeadDim, kGroup, kP>(a, dslot, dseq, kvh, part, q_group, k_s, v_s,
+                                                                  kStride, sm, partial_smem, stat_smem);
   } else {
     __syncthreads();  // the new K/V row written above, for every thread
     nparts = dev::decode_attention_item<kHeadDim, kGroup, kP>(a, dslot, dseq, kvh, part, q_group,

@@ -196,9 +196,10 @@ __device__ __forceinline__ void store_partition_value(const AttentionArgs& a,
 // partial_smem may be &sm.red[0][0][0] (each thread rewrites only values it
 // has read).
 template <int kHeadDim, int kGroup, int kP, class Rows>
-__device__ int decode_attention_item(const AttentionArgs& a, int dslot, const DecodeSeq& seq, int kvh, int part, const bf16* q_group,
-                                     const Rows& rows, DecodeAttentionSmem<kHeadDim, kGroup, kP>& sm,
-                                     float* partial_smem = nullptr, float* stat_smem = nullptr) {
+__device__ int decode_attention_item(const AttentionArgs& a, int dslot, const DecodeSeq& seq, int kvh, int part,
+                                     const bf16* q_group, const Rows& rows,
+                                     DecodeAttentionSmem<kHeadDim, kGroup, kP>& sm, float* partial_smem = nullptr,
+                                     float* stat_smem = nullptr) {
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per K row
   auto& q_s = sm.q;
   auto& p_s = sm.p;
@@ -354,8 +355,8 @@ __device__ __forceinline__ void score_tiles(const bf16* q_group, const bf16* k_s
 // and HF's bf16 attention round them) and V through ldmatrix.trans as B, a warp
 // taking kHeadDim / 4 dimensions over all the tokens, so no warp sums meet.
 template <int kHeadDim, int kGroup, int kP>
-__device__ int decode_attention_item_mma(const AttentionArgs& a, int dslot, const DecodeSeq& seq, int kvh, int part, const bf16* q_group,
-                                         const bf16* k_s, const bf16* v_s, int stride,
+__device__ int decode_attention_item_mma(const AttentionArgs& a, int dslot, const DecodeSeq& seq, int kvh, int part,
+                                         const bf16* q_group, const bf16* k_s, const bf16* v_s, int stride,
                                          DecodeAttentionSmem<kHeadDim, kGroup, kP>& sm, float* partial_smem,
                                          float* stat_smem) {
   static_assert(kP == 16 * kDecodeWarps, "a warp's scores are 16 tokens");
@@ -444,8 +445,8 @@ inline constexpr int kWideCombineFloats = kWarps * kGroup * kHeadDim;
 // sets the grouping of the softmax, so results depend on it (and on nothing
 // else but the sequence).
 template <int kHeadDim, int kGroup, int kP, int kWarps>
-__device__ int decode_attention_item_wide(const AttentionArgs& a, int dslot, const DecodeSeq& seq, int kvh, int part, const bf16* q_group,
-                                          const bf16* k_s, const bf16* v_s, int stride,
+__device__ int decode_attention_item_wide(const AttentionArgs& a, int dslot, const DecodeSeq& seq, int kvh, int part,
+                                          const bf16* q_group, const bf16* k_s, const bf16* v_s, int stride,
                                           DecodeAttentionSmem<kHeadDim, kGroup, kP>& sm, float* comb,
                                           float* partial_smem, float* stat_smem) {
   constexpr int kThreads = 32 * kWarps;
