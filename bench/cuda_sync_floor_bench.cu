@@ -15,7 +15,8 @@
 //   stage_grid_barrier  the same steps inside one persistent kernel of one CTA
 //                       per SM, a grid barrier (release add, acquire poll) between
 //                       steps: what a persistent decode kernel would pay.
-// And the device-to-device copy bandwidth, for the bytes side of the floor; and
+// The host's round trip of a step (metadata up, token down) in four forms:
+// round_trip_* below. And the device-to-device copy bandwidth, for the bytes side of the floor; and
 // siesta's own decode GEMVs alone, with Qwen3-0.6B's shapes at batch 1 (QKV,
 // O, gate/up, down: 28 layers of distinct weights in a graph, with and without
 // programmatic launch), per layer: what the projections cost without attention;
@@ -94,6 +95,23 @@ __global__ void persistent_kernel(float* a, float* b, int steps, unsigned* arriv
       } while (static_cast<int>(seen - target) < 0);
     }
     __syncthreads();
+  }
+}
+
+// A step's metadata in (kMetaWords words, from the host or device memory),
+// its token out: the kernels around a decode step's host round trip.
+constexpr int kMetaWords = 256;
+__global__ void token_kernel(const int* meta, int* meta_copy, int* token) {
+  __shared__ int scratch[kThreads / 32];
+  int v = threadIdx.x < kMetaWords ? meta[threadIdx.x] : 0;
+  if (meta_copy && threadIdx.x < kMetaWords) meta_copy[threadIdx.x] = v;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int t = 0;
+    for (int w = 0; w < kThreads / 32; ++w) t += scratch[w];
+    *token = t;
   }
 }
 
@@ -215,6 +233,75 @@ int main(int argc, char** argv) {
     };
     run();  // warm-up
     r["stage_grid_barrier_us"] = 1000.0 * stream_ms(stream, repeat, run) / repeat / steps;
+  }
+
+  // The host's round trip of a decode step at its floor, host clock per step,
+  // with a one-kernel graph for the step (which takes ~2 us on the device):
+  //   copies         metadata up with cudaMemcpyAsync, graph launch, token down
+  //                  with cudaMemcpyAsync, stream synchronize (the engine's way);
+  //   graph_copies   both copies as memcpy nodes of the graph: one launch;
+  //   mapped         the kernel reads the metadata from mapped host memory and
+  //                  writes the token there: no copies;
+  //   launch_only    the graph's launch and synchronize alone.
+  {
+    int *host_meta = nullptr, *host_token = nullptr, *meta = nullptr, *token = nullptr;
+    CHECK(cudaHostAlloc(&host_meta, kMetaWords * sizeof(int), cudaHostAllocMapped));
+    CHECK(cudaHostAlloc(&host_token, sizeof(int), cudaHostAllocMapped));
+    CHECK(cudaMalloc(&meta, kMetaWords * sizeof(int)));
+    CHECK(cudaMalloc(&token, sizeof(int)));
+    for (int i = 0; i < kMetaWords; ++i) host_meta[i] = i;
+    auto graph_of = [&](auto body) {
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      body();
+      CHECK(cudaStreamEndCapture(stream, &graph));
+      CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      CHECK(cudaGraphDestroy(graph));
+      return exec;
+    };
+    auto kernel = [&](const int* in, int* copy, int* out) { token_kernel<<<1, kThreads, 0, stream>>>(in, copy, out); };
+    cudaGraphExec_t plain = graph_of([&] { kernel(meta, nullptr, token); });
+    cudaGraphExec_t with_copies = graph_of([&] {
+      CHECK(cudaMemcpyAsync(meta, host_meta, kMetaWords * sizeof(int), cudaMemcpyHostToDevice, stream));
+      kernel(meta, nullptr, token);
+      CHECK(cudaMemcpyAsync(host_token, token, sizeof(int), cudaMemcpyDeviceToHost, stream));
+    });
+    cudaGraphExec_t mapped = graph_of([&] { kernel(host_meta, meta, host_token); });
+    const int iters = 2000;
+    auto host_us = [&](auto step) {
+      for (int i = 0; i < 50; ++i) step();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters; ++i) step();
+      return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
+    };
+    r["round_trip_copies_us"] = host_us([&] {
+      CHECK(cudaMemcpyAsync(meta, host_meta, kMetaWords * sizeof(int), cudaMemcpyHostToDevice, stream));
+      CHECK(cudaGraphLaunch(plain, stream));
+      CHECK(cudaMemcpyAsync(host_token, token, sizeof(int), cudaMemcpyDeviceToHost, stream));
+      CHECK(cudaStreamSynchronize(stream));
+    });
+    r["round_trip_graph_copies_us"] = host_us([&] {
+      CHECK(cudaGraphLaunch(with_copies, stream));
+      CHECK(cudaStreamSynchronize(stream));
+    });
+    r["round_trip_mapped_us"] = host_us([&] {
+      CHECK(cudaGraphLaunch(mapped, stream));
+      CHECK(cudaStreamSynchronize(stream));
+    });
+    r["round_trip_launch_only_us"] = host_us([&] {
+      CHECK(cudaGraphLaunch(plain, stream));
+      CHECK(cudaStreamSynchronize(stream));
+    });
+    if (*host_token != (kMetaWords - 1) * kMetaWords / 2) {
+      std::fprintf(stderr, "cuda_sync_floor_bench: the mapped round trip returned %d\n", *host_token);
+      std::exit(1);
+    }
+    for (cudaGraphExec_t e : {plain, with_copies, mapped}) CHECK(cudaGraphExecDestroy(e));
+    CHECK(cudaFreeHost(host_meta));
+    CHECK(cudaFreeHost(host_token));
+    CHECK(cudaFree(meta));
+    CHECK(cudaFree(token));
   }
 
   // Copy bandwidth: 1 GiB device to device, read + write bytes per second.

@@ -97,6 +97,23 @@ __device__ __forceinline__ void trace_mark(unsigned long long* trace, int mark) 
 
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
+// The L2 policy of streamed weights, read once per pass: their lines are the
+// first to leave L2 (evict_first), before what the pass's kernels write and
+// read back (activations, the KV cache).
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+// 16 bytes of read-only weights under an L2 policy (l2_evict_first_policy).
+__device__ __forceinline__ uint4 load_weight16(const uint4* p, uint64_t policy) {
+  uint4 v;
+  asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(policy));
+  return v;
+}
+
 // SiLU in fp32, x / (1 + e^-x), with the exponential and the division on the
 // special-function unit (ex2.approx, rcp.approx): a few fp32 ulp from the
 // IEEE expression, so the bf16 it is rounded to differs from HF's in rare last
