@@ -190,7 +190,6 @@ struct CudaQwen3::Impl {
   float* partial_ml = nullptr;
   void* gemm_ws = nullptr;
   std::byte* meta = nullptr;
-  int32_t* sampled = nullptr;
   // options.trace: the timelines of a small-batch pass's trace_slots() launches (5 per layer).
   unsigned long long* trace_buf = nullptr;
   int trace_slots() const { return 5 * cfg.num_layers; }
@@ -201,7 +200,12 @@ struct CudaQwen3::Impl {
   int partial_parts = 0;
 
   std::byte* host_meta = nullptr;     // pinned: the step image
-  int32_t* host_sampled = nullptr;    // pinned: sampled tokens
+  // Pinned and mapped: the sampled tokens, which the sampling kernel writes
+  // there itself (through `sampled`, the device's address of it), so that no
+  // copy follows it in the stream (0.6B shape, H200, batch 1: 0.547 -> 0.542
+  // ms per token).
+  int32_t* host_sampled = nullptr;
+  int32_t* sampled = nullptr;
 
   std::unique_ptr<cuda::CublasLtGemm> gemm;
   bool gemv_ok = false;
@@ -382,7 +386,6 @@ Result<void> CudaQwen3::Impl::init_buffers() {
   const size_t partial_off = take(part_elems * cfg.head_dim * 4), ml_off = take(part_elems * 2 * 4);
   const size_t ws_off = take(kGemmWorkspaceBytes);
   const size_t meta_off = take(meta_capacity);
-  const size_t sampled_off = take(S * 4);
   const size_t trace_bytes = opt.trace ? trace_slots() * kTraceLaunchWords * 8 : 0;
   const size_t trace_off = take(trace_bytes);
   SIESTA_ASSIGN_OR_RETURN(scratch, cuda::DeviceBuffer::allocate(*alloc, at, cuda::DeviceMemoryTag::kScratch));
@@ -401,11 +404,12 @@ Result<void> CudaQwen3::Impl::init_buffers() {
   partial_ml = reinterpret_cast<float*>(b + ml_off);
   gemm_ws = b + ws_off;
   meta = b + meta_off;
-  sampled = reinterpret_cast<int32_t*>(b + sampled_off);
   if (opt.trace) trace_buf = reinterpret_cast<unsigned long long*>(b + trace_off);
 
   SIESTA_CUDA_TRY(cudaMallocHost(&host_meta, meta_capacity), "allocating pinned host memory for step metadata");
-  SIESTA_CUDA_TRY(cudaMallocHost(&host_sampled, S * 4), "allocating pinned host memory for sampled tokens");
+  SIESTA_CUDA_TRY(cudaHostAlloc(&host_sampled, S * 4, cudaHostAllocMapped),
+                  "allocating pinned host memory for sampled tokens");
+  SIESTA_CUDA_TRY(cudaHostGetDevicePointer(&sampled, host_sampled, 0), "mapping the sampled tokens' host memory");
   SIESTA_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "creating the model's CUDA stream");
   SIESTA_CUDA_TRY(cudaEventCreateWithFlags(&meta_uploaded, cudaEventDisableTiming), "creating a CUDA event");
   SIESTA_CUDA_TRY(cudaEventRecord(meta_uploaded, stream), "recording a CUDA event");
@@ -1002,8 +1006,6 @@ Result<void> CudaQwen3::forward_sample(std::span<const SequenceChunk> batch, con
   if (m.graph_eligible(last_only)) {
     SIESTA_TRY(m.decode_step(last_only, kv, rows, true));
     const int n = static_cast<int>(batch.size());
-    SIESTA_CUDA_TRY(cudaMemcpyAsync(m.host_sampled, m.sampled, n * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
-                    "copying sampled tokens to the host");
     SIESTA_CUDA_TRY(cudaStreamSynchronize(m.stream), "decode step");
     m.collect_profile();
     std::copy(m.host_sampled, m.host_sampled + n, out.tokens.begin());
@@ -1033,8 +1035,6 @@ Result<void> CudaQwen3::forward_sample(std::span<const SequenceChunk> batch, con
                                                m.launch(), m.logits_argmax),
                     "token sampling");
     m.mark("sampling");
-    SIESTA_CUDA_TRY(cudaMemcpyAsync(m.host_sampled, m.sampled, p.R * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
-                    "copying sampled tokens to the host");
     SIESTA_CUDA_TRY(cudaStreamSynchronize(m.stream), "forward pass");
     m.collect_profile();
     bool fallback = false;
