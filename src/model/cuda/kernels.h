@@ -280,7 +280,8 @@ struct SamplingRowParams {
   int32_t banned_end = 0;
   int32_t pad = 0;
 };
-// tokens[r] = the choice for logits row r, or kSampleOnHost. argmax_keys
+// tokens[r] = the choice for logits row r, or kSampleOnHost (device memory, or
+// mapped pinned host memory through its device address). argmax_keys
 // (optional: the LM head GEMV's GemvArgs::argmax) give rows without banned ids
 // their first maximum without a pass over the row: a greedy row is then done.
 cudaError_t launch_sample_tokens(const float* logits, int rows, int vocab, const SamplingRowParams* params,
