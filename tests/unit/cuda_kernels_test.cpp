@@ -306,8 +306,8 @@ TEST_F(CudaKernels, QkNormRopeWritesQAndThePagedCache) {
     d_seq.upload(seq);
     d_ones.upload(ones);
     d_tables.upload(tables);
-    // With 64-token partitions (staged, tensor cores) and with staged 256-token ones.
-    for (auto [partition, staged] : {std::pair{64, false}, std::pair{256, true}}) {
+    // With 64-token partitions (staged, tensor cores) and with staged 128- and 256-token ones.
+    for (auto [partition, staged] : {std::pair{64, false}, std::pair{128, true}, std::pair{256, true}}) {
       if (staged && !staged_fits(heads, kvh, hd)) continue;
       Bf16Array d_cache2(cache_elems), d_out(static_cast<size_t>(T) * qd);
       AttentionArgs a = attention_args({B(d_cache2), L, kvh, hd}, layer, heads, d_seq.get(), d_ones.get(), d_ones.get(),
@@ -614,10 +614,10 @@ std::vector<float> attend_ref(const AttnFixture& f, const std::vector<int32_t>& 
 }
 
 TEST_F(CudaKernels, DecodeAttentionSplitsLongContextsAndMatchesReference) {
-  // Partitions of 64 (staged, tensor cores), 128 and 256 (fp32), and 256 staged
-  // (AttentionArgs::staged_partitions, 16 warps of 16 tokens).
+  // Partitions of 64 (staged, tensor cores), 128 and 256 (fp32), and 128 and
+  // 256 staged (AttentionArgs::staged_partitions, 8 or 16 warps of 16 tokens).
   for (auto [partition, staged] : {std::pair{64, false}, std::pair{128, false}, std::pair{256, false},
-                                   std::pair{256, true}})
+                                   std::pair{128, true}, std::pair{256, true}})
   // Group sizes 2, 4, 5 (Qwen3-14B) and 3.
   for (auto [heads, kvh, hd] : {std::tuple{16, 8, 128}, std::tuple{4, 2, 64}, std::tuple{32, 8, 128},
                                 std::tuple{40, 8, 128}, std::tuple{6, 2, 64}}) {

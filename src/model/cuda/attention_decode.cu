@@ -2,10 +2,10 @@
 // One CTA per (kv head, partition, sequence) runs a work item
 // (attention_decode.cuh: on tensor cores over K/V rows staged in shared memory,
 // dev::decode_attention_item_mma for 64-token partitions and
-// dev::decode_attention_item_wide for 256-token ones of small decode steps;
+// dev::decode_attention_item_wide for 128- and 256-token ones of small decode steps;
 // dev::decode_attention_item in fp32 otherwise); sequences longer than one
 // partition are combined in partition order: within a thread-block cluster of
-// their CTAs (2 to 8 partitions, 64-token or staged 256-token), by the last of
+// their CTAs (2 to 8 partitions, 64-token or staged), by the last of
 // their CTAs to finish, or by a second kernel. In pure decode passes the kernel also does q/k norm + RoPE and the KV
 // write.
 #include <cooperative_groups.h>
@@ -48,6 +48,16 @@ constexpr size_t kWideStageBytes = 2 * kP * (kHeadDim + dev::kKvRowPad) * sizeof
 // 0.866 -> 0.843. Each phase of the item is a chain of dependent steps (shared
 // memory loads, MMAs, shuffles) that one warp per scheduler could not hide.
 constexpr int kWideWarps = 16;
+// The wide instances' warps for a partition of kP tokens: 16 tokens a warp
+// (256-token partitions: kWideWarps; 128-token ones: 8). 128-token partitions
+// (CudaModelOptions::decode_partition_tokens) staged on 8 warps, a context of
+// 129-256 tokens as a cluster of two CTAs per kv head, measured as fast as the
+// default's one 256-token CTA at batch 1 (0.555 and 0.554 against 0.557 and
+// 0.553 ms per token, 0.6B shape, H200) and slower at 2-8 (batch 8 0.788
+// against 0.760), so the default stays 256; the fp32 item they took before
+// ran batch 1 at 0.770.
+template <int kP>
+constexpr int kWideWarpsFor = kP / 16;
 
 // kCluster: the kernel runs as clusters of the partitions of one (kv head,
 // sequence) (cluster dims 1 x max_partitions x 1): partitions 1 .. store their
@@ -328,7 +338,7 @@ template <int kHeadDim, int kGroup, int kP>
 cudaError_t launch_with(const AttentionArgs& a, int num_decode, int max_partitions, const LaunchConfig& launch) {
   // Short contexts split into up to kMaxClusterPartitions partitions combine in
   // a cluster; longer ones by their last CTA (partition_done) or a second kernel.
-  constexpr bool kCanWide = kP == 256;
+  constexpr bool kCanWide = kP == 256 || kP == 128;
   const bool wide = kCanWide && a.staged_partitions;
   const bool cluster = a.cluster_partitions && max_partitions > 1 && max_partitions <= kMaxClusterPartitions;
   if constexpr (kP == 64) {
@@ -336,17 +346,17 @@ cudaError_t launch_with(const AttentionArgs& a, int num_decode, int max_partitio
   }
   if constexpr (kCanWide) {
     if (wide && cluster)
-      return launch_clusters<kHeadDim, kGroup, kP, true, kWideWarps>(a, num_decode, max_partitions, launch);
+      return launch_clusters<kHeadDim, kGroup, kP, true, kWideWarpsFor<kP>>(a, num_decode, max_partitions, launch);
   }
   const dim3 grid(a.num_kv_heads, max_partitions, num_decode);
   cudaError_t err = cudaSuccess;
   if constexpr (kCanWide) {
     if (wide) {
-      auto* const kernel = decode_attention_kernel<kHeadDim, kGroup, kP, false, true, kWideWarps>;
+      auto* const kernel = decode_attention_kernel<kHeadDim, kGroup, kP, false, true, kWideWarpsFor<kP>>;
       constexpr size_t smem = kInboxBytes<kHeadDim, kGroup> + kWideStageBytes<kHeadDim, kP>;
       static const cudaError_t attr =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-      err = attr != cudaSuccess ? attr : launch_kernel(kernel, grid, 32 * kWideWarps, smem, launch, a);
+      err = attr != cudaSuccess ? attr : launch_kernel(kernel, grid, 32 * kWideWarpsFor<kP>, smem, launch, a);
     }
   }
   if (!wide)
