@@ -148,19 +148,26 @@ float stream_ms(cudaStream_t stream, int times, Enqueue enqueue) {
   return ms;
 }
 
-// Mean microseconds per step over `repeat` replays of a graph that `body` captures.
+// The graph of what `body` enqueues on `stream`, instantiated.
 template <class Body>
-double per_step_us(cudaStream_t stream, int steps, int repeat, Body body) {
+cudaGraphExec_t capture_graph(cudaStream_t stream, Body body) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   body();
   CHECK(cudaStreamEndCapture(stream, &graph));
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK(cudaGraphDestroy(graph));
+  return exec;
+}
+
+// Mean microseconds per step over `repeat` replays of a graph that `body` captures.
+template <class Body>
+double per_step_us(cudaStream_t stream, int steps, int repeat, Body body) {
+  cudaGraphExec_t exec = capture_graph(stream, body);
   for (int i = 0; i < 3; ++i) CHECK(cudaGraphLaunch(exec, stream));  // warm-up
   const float ms = stream_ms(stream, repeat, [&] { CHECK(cudaGraphLaunch(exec, stream)); });
   CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
   return 1000.0 * ms / repeat / steps;
 }
 
@@ -250,24 +257,14 @@ int main(int argc, char** argv) {
     CHECK(cudaMalloc(&meta, kMetaWords * sizeof(int)));
     CHECK(cudaMalloc(&token, sizeof(int)));
     for (int i = 0; i < kMetaWords; ++i) host_meta[i] = i;
-    auto graph_of = [&](auto body) {
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      body();
-      CHECK(cudaStreamEndCapture(stream, &graph));
-      CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      CHECK(cudaGraphDestroy(graph));
-      return exec;
-    };
     auto kernel = [&](const int* in, int* copy, int* out) { token_kernel<<<1, kThreads, 0, stream>>>(in, copy, out); };
-    cudaGraphExec_t plain = graph_of([&] { kernel(meta, nullptr, token); });
-    cudaGraphExec_t with_copies = graph_of([&] {
+    cudaGraphExec_t plain = capture_graph(stream, [&] { kernel(meta, nullptr, token); });
+    cudaGraphExec_t with_copies = capture_graph(stream, [&] {
       CHECK(cudaMemcpyAsync(meta, host_meta, kMetaWords * sizeof(int), cudaMemcpyHostToDevice, stream));
       kernel(meta, nullptr, token);
       CHECK(cudaMemcpyAsync(host_token, token, sizeof(int), cudaMemcpyDeviceToHost, stream));
     });
-    cudaGraphExec_t mapped = graph_of([&] { kernel(host_meta, meta, host_token); });
+    cudaGraphExec_t mapped = capture_graph(stream, [&] { kernel(host_meta, meta, host_token); });
     const int iters = 2000;
     auto host_us = [&](auto step) {
       for (int i = 0; i < 50; ++i) step();
