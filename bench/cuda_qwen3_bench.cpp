@@ -268,7 +268,8 @@ int main(int argc, char** argv) {
       // and 0.540 ms per step in two modes of one run).
       std::vector<DecodeResult> runs;
       for (int i = 0; i < kDecodeRuns; ++i) runs.push_back(run_decode(*model, kv, B, a.prompt, a.gen, 2));
-      std::sort(runs.begin(), runs.end(), [](const DecodeResult& x, const DecodeResult& y) { return x.seconds < y.seconds; });
+      std::sort(runs.begin(), runs.end(),
+                [](const DecodeResult& x, const DecodeResult& y) { return x.seconds < y.seconds; });
       const DecodeResult r = runs[runs.size() / 2];
       json run_ms = json::array();
       for (const DecodeResult& x : runs) run_ms.push_back(x.ms_per_step);
