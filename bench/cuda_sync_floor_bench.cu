@@ -278,18 +278,15 @@ int main(int argc, char** argv) {
       CHECK(cudaMemcpyAsync(host_token, token, sizeof(int), cudaMemcpyDeviceToHost, stream));
       CHECK(cudaStreamSynchronize(stream));
     });
-    r["round_trip_graph_copies_us"] = host_us([&] {
-      CHECK(cudaGraphLaunch(with_copies, stream));
-      CHECK(cudaStreamSynchronize(stream));
-    });
-    r["round_trip_mapped_us"] = host_us([&] {
-      CHECK(cudaGraphLaunch(mapped, stream));
-      CHECK(cudaStreamSynchronize(stream));
-    });
-    r["round_trip_launch_only_us"] = host_us([&] {
-      CHECK(cudaGraphLaunch(plain, stream));
-      CHECK(cudaStreamSynchronize(stream));
-    });
+    auto launch_and_sync_us = [&](cudaGraphExec_t exec) {
+      return host_us([&] {
+        CHECK(cudaGraphLaunch(exec, stream));
+        CHECK(cudaStreamSynchronize(stream));
+      });
+    };
+    r["round_trip_graph_copies_us"] = launch_and_sync_us(with_copies);
+    r["round_trip_mapped_us"] = launch_and_sync_us(mapped);
+    r["round_trip_launch_only_us"] = launch_and_sync_us(plain);
     if (*host_token != (kMetaWords - 1) * kMetaWords / 2) {
       std::fprintf(stderr, "cuda_sync_floor_bench: the mapped round trip returned %d\n", *host_token);
       std::exit(1);

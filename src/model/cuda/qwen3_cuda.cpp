@@ -8,6 +8,7 @@
 #include <compare>
 #include <cstddef>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <string>
 
@@ -878,6 +879,7 @@ std::vector<KernelTrace> CudaQwen3::trace() const {
   constexpr int kWords = 4 + cuda::kTraceMarks;
   static_assert(kWords == KernelTrace::kMarks);
   using CtaWords = std::array<unsigned long long, 2 + cuda::kTraceMarks>;  // start, wait, last warp at each mark
+  static_assert(std::tuple_size_v<CtaWords> == std::size(KernelTrace::Cta{}.ns));
   std::vector<std::array<unsigned long long, kWords>> r(m.trace_slots());
   std::vector<std::vector<std::pair<int, CtaWords>>> ctas(m.trace_slots());
   unsigned long long t0 = ~0ull;

@@ -118,7 +118,7 @@ struct KernelTrace {
   // the end); ns on the marks' clock, -1 where not reached.
   struct Cta {
     int sm = -1;
-    double ns[2 + 4] = {};
+    double ns[kMarks - 2] = {};  // start, wait, cuda::kTraceMarks marks
   };
   std::vector<Cta> ctas;
 };
