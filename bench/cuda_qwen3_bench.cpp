@@ -309,6 +309,36 @@ int main(int argc, char** argv) {
     modes[md.name] = mode;
   }
 
+  // The GPU's part of a decode step: the default configuration once more, its
+  // graphs captured between two event nodes (CudaModelOptions::time_graphs),
+  // against the host's clock around the same steps. The difference is the
+  // host's share: the metadata copy, the graph launch, the synchronisation and
+  // the planning.
+  json graph_timing;
+  {
+    CudaModelOptions opt;
+    opt.time_graphs = true;
+    opt.max_seqs = std::max(256, max_b);
+    opt.max_batch_tokens = std::max({8192, max_p, max_b});
+    opt.max_model_len = std::max(max_p, a.prompt + a.gen);
+    auto model = check(CudaQwen3::load(a.model, alloc, opt), "loading " + a.model);
+    for (int B : a.batches) {
+      if (B > 8) continue;  // the small steps, where the host's share matters
+      const int blocks = B * ((a.prompt + a.gen + 15) / 16);
+      const siesta::cuda::DeviceBuffer kv = check(model->allocate_kv_cache(blocks), "allocating the KV cache");
+      run_decode(*model, kv, B, a.prompt, a.gen, 1);  // warm-up: captures the graphs
+      model->reset_profile();
+      double seconds = 0;
+      for (int i = 0; i < kDecodeRuns; ++i) seconds += run_decode(*model, kv, B, a.prompt, a.gen, 2).seconds;
+      // Each run's first step is its prefill (no graph): the graph steps are the decode steps.
+      const double host_ms = seconds * 1e3 / (kDecodeRuns * a.gen), gpu_ms = model->graph_step_ms();
+      graph_timing[std::to_string(B)] = {
+          {"host_ms_per_step", host_ms}, {"graph_ms_per_step", gpu_ms}, {"host_share_ms", host_ms - gpu_ms}};
+      std::printf("graph timing, batch %d: %.3f ms per step on the host clock, %.3f in the graph (%.1f us outside)\n",
+                  B, host_ms, gpu_ms, (host_ms - gpu_ms) * 1e3);
+    }
+  }
+
   json profile;
   if (a.profile) {
     CudaModelOptions opt;
@@ -474,6 +504,7 @@ int main(int argc, char** argv) {
       {"limits", {{"d2d_copy_GBps", bw_gbps}, {"cublaslt_bf16_TFLOPs", gemm_tflops}}},
       {"modes", modes},
       {"hf_baseline", hf},
+      {"graph_timing", graph_timing},
       {"profile", profile},
       {"trace", trace},
       {"targets", targets}};

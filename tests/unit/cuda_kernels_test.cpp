@@ -521,28 +521,34 @@ TEST_F(CudaKernels, GemvSiluMulStagingOfOneLongRow) {
 }
 
 TEST_F(CudaKernels, GemvArgmaxKeysTakeTheFirstMaximum) {
-  // Rows 2500, 100 and 4000 of the weights equal the input: the largest logits,
-  // equal; in different warps and CTAs. The key must name row 100.
-  const int N = 4500, K = 1024;
-  auto w = random_bf16(static_cast<size_t>(N) * K, rng, 0.01f);
-  const auto x = random_bf16(K, rng);
-  for (int r : {2500, 100, 4000}) std::copy(x.begin(), x.end(), w.begin() + static_cast<size_t>(r) * K);
-  Bf16Array d_w(w.size()), d_x(K);
-  d_w.upload(w);
-  d_x.upload(x);
-  DeviceArray<float> d_f(N);
-  DeviceArray<unsigned long long> d_keys(1);
-  CUDA_OK(cudaMemset(d_keys.get(), 0, sizeof(unsigned long long)));
-  GemvArgs g{B(d_x), nullptr, 0.0f, B(d_w), 1, N, K, GemvInput::kPlain, GemvOutput::kLogits, d_f.get(), d_keys.get()};
-  CUDA_OK(launch_gemv(g, nullptr));
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto f = d_f.download();
-  ASSERT_EQ(f[100], f[2500]);
-  ASSERT_EQ(f[100], f[4000]);
-  ASSERT_EQ(*std::max_element(f.begin(), f.end()), f[100]);
-  const uint64_t key = d_keys.download()[0];
-  EXPECT_EQ(0xffffffffu - static_cast<uint32_t>(key), 100u);
-  EXPECT_EQ(key, first_max_key(f.data(), N));
+  // Three rows of the weights equal the input: the largest logits, equal; in
+  // different warps and CTAs. The key must name the lowest. N = 4500 is one
+  // wave of CTAs; N = 20001 takes several (the LM head's case), its last row
+  // alone in the last CTA.
+  const int K = 1024;
+  for (const int N : {4500, 20001}) {
+    const std::vector<int> tied = {N / 2 + 3, 100, N - 1};
+    auto w = random_bf16(static_cast<size_t>(N) * K, rng, 0.01f);
+    const auto x = random_bf16(K, rng);
+    for (int r : tied) std::copy(x.begin(), x.end(), w.begin() + static_cast<size_t>(r) * K);
+    Bf16Array d_w(w.size()), d_x(K);
+    d_w.upload(w);
+    d_x.upload(x);
+    DeviceArray<float> d_f(N);
+    DeviceArray<unsigned long long> d_keys(1);
+    CUDA_OK(cudaMemset(d_keys.get(), 0, sizeof(unsigned long long)));
+    GemvArgs g{B(d_x), nullptr, 0.0f, B(d_w), 1, N, K, GemvInput::kPlain, GemvOutput::kLogits, d_f.get(), d_keys.get()};
+    CUDA_OK(launch_gemv(g, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto f = d_f.download();
+    for (int r : tied) ASSERT_EQ(f[r], f[100]) << "N " << N << " row " << r;
+    ASSERT_EQ(*std::max_element(f.begin(), f.end()), f[100]) << "N " << N;
+    const uint64_t key = d_keys.download()[0];
+    EXPECT_EQ(0xffffffffu - static_cast<uint32_t>(key), 100u) << "N " << N;
+    EXPECT_EQ(key, first_max_key(f.data(), N)) << "N " << N;
+    // Every logit against the reference product (the last group included).
+    EXPECT_LT(rel_err(f, matmul_ref(to_f32(x), to_f32(w), 1, N, K)), 5e-3) << "N " << N;
+  }
 }
 
 TEST_F(CudaKernels, FixedGemmIsCorrectAndRowsDoNotDependOnM) {

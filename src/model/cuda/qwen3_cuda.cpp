@@ -220,9 +220,17 @@ struct CudaQwen3::Impl {
   std::vector<cudaEvent_t> event_pool;
   std::vector<std::pair<const char*, cudaEvent_t>> marks;
   std::vector<std::pair<std::string, double>> profile_ms;
+  // options.time_graphs: the events that open and close each decode graph,
+  // and the graph steps timed since reset_profile().
+  cudaEvent_t graph_events[2] = {};
+  bool graph_launched = false;  // the step in flight is a graph replay
+  double graph_ms_total = 0;
+  int graph_steps = 0;
 
   ~Impl() {
     for (cudaEvent_t e : event_pool) cudaEventDestroy(e);
+    for (cudaEvent_t e : graph_events)
+      if (e) cudaEventDestroy(e);
     for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
     gemm.reset();
     if (host_meta) cudaFreeHost(host_meta);
@@ -731,8 +739,10 @@ Result<void> CudaQwen3::Impl::decode_step(std::span<const SequenceChunk> batch, 
 
   const GraphKey key{padded, parts, sample, kv.base};
   auto it = graphs.find(key);
+  graph_launched = false;
   if (it != graphs.end()) {
     SIESTA_CUDA_TRY(cudaGraphLaunch(it->second, stream), "launching a decode graph");
+    graph_launched = true;
     return {};
   }
   SIESTA_TRY(enqueue_step(p, sample));  // this step's result
@@ -742,8 +752,18 @@ Result<void> CudaQwen3::Impl::decode_step(std::span<const SequenceChunk> batch, 
                                             "beginning graph capture");
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
+  if (captured && opt.time_graphs && !graph_events[0])
+    for (cudaEvent_t& e : graph_events)
+      if (captured) captured = cuda::cuda_result(cudaEventCreate(&e), "creating the graph timing events");
   if (captured) {
-    captured = enqueue_step(p, sample);
+    // External records: nodes of the graph that take the time when it runs.
+    if (opt.time_graphs)
+      captured = cuda::cuda_result(cudaEventRecordWithFlags(graph_events[0], stream, cudaEventRecordExternal),
+                                   "recording the graph's first event");
+    if (captured) captured = enqueue_step(p, sample);
+    if (captured && opt.time_graphs)
+      captured = cuda::cuda_result(cudaEventRecordWithFlags(graph_events[1], stream, cudaEventRecordExternal),
+                                   "recording the graph's last event");
     const cudaError_t end = cudaStreamEndCapture(stream, &graph);
     if (captured) captured = cuda::cuda_result(end, "ending graph capture");
   }
@@ -866,7 +886,14 @@ Result<void> CudaQwen3::reload_weights(const std::filesystem::path& model_dir) {
   return {};
 }
 std::vector<std::pair<std::string, double>> CudaQwen3::profile() const { return impl_->profile_ms; }
-void CudaQwen3::reset_profile() { impl_->profile_ms.clear(); }
+void CudaQwen3::reset_profile() {
+  impl_->profile_ms.clear();
+  impl_->graph_ms_total = 0;
+  impl_->graph_steps = 0;
+}
+double CudaQwen3::graph_step_ms() const {
+  return impl_->graph_steps > 0 ? impl_->graph_ms_total / impl_->graph_steps : 0.0;
+}
 
 std::vector<KernelTrace> CudaQwen3::trace() const {
   const Impl& m = *impl_;
@@ -1010,6 +1037,12 @@ Result<void> CudaQwen3::forward_sample(std::span<const SequenceChunk> batch, con
     const int n = static_cast<int>(batch.size());
     SIESTA_CUDA_TRY(cudaStreamSynchronize(m.stream), "decode step");
     m.collect_profile();
+    if (m.opt.time_graphs && m.graph_launched) {
+      float ms = 0;
+      SIESTA_CUDA_TRY(cudaEventElapsedTime(&ms, m.graph_events[0], m.graph_events[1]), "timing a decode graph");
+      m.graph_ms_total += ms;
+      ++m.graph_steps;
+    }
     std::copy(m.host_sampled, m.host_sampled + n, out.tokens.begin());
     const bool fallback = std::find(out.tokens.begin(), out.tokens.end(), cuda::kSampleOnHostToken) != out.tokens.end();
     if (copy_logits || fallback) {

@@ -101,6 +101,12 @@ struct CudaModelOptions {
   // CMake option SIESTA_CUDA_TRACE (load fails otherwise), whose kernels carry
   // the marks; in other builds they are not compiled.
   bool trace = false;
+  // Capture each decode graph between two CUDA event nodes, and keep the mean
+  // time between them over forward_sample's graph replays (graph_step_ms):
+  // the GPU's part of a step, to set against the host's clock around the call
+  // (the rest is the metadata copy, the launch and the synchronisation). For
+  // benchmarks; the two nodes cost a little.
+  bool time_graphs = false;
 };
 
 // One launch of CudaQwen3::trace(): its kernel and layer, and its marks in ns
@@ -188,6 +194,10 @@ class CudaQwen3 final : public Model {
   // in order of first appearance ("qkv", "attention_decode", "lm_head", ...).
   std::vector<std::pair<std::string, double>> profile() const;
   void reset_profile();
+  // With options.time_graphs: the mean milliseconds from a decode graph's
+  // first node to its last over the forward_sample replays since
+  // reset_profile(); 0 before any.
+  double graph_step_ms() const;
   // With options.trace: the last small-batch pass's launches, in order.
   std::vector<KernelTrace> trace() const;
   size_t num_graphs() const;  // decode graphs captured so far
