@@ -220,6 +220,14 @@ int main(int argc, char** argv) {
   json modes;
   Shape shape{};
   siesta::ModelConfig cfg;
+  // Options sized for every batch and prefill length of the run.
+  auto sized_options = [&] {
+    CudaModelOptions opt;
+    opt.max_seqs = std::max(256, max_b);
+    opt.max_batch_tokens = std::max({8192, max_p, max_b});
+    opt.max_model_len = std::max(max_p, a.prompt + a.gen);
+    return opt;
+  };
   struct Mode {
     const char* name;
     bool invariant, overlap, decode, prefill;
@@ -243,7 +251,7 @@ int main(int argc, char** argv) {
   for (const Mode& md : mode_list) {
     const bool invariant = md.invariant;
     if (invariant && !a.invariant) continue;
-    CudaModelOptions opt;
+    CudaModelOptions opt = sized_options();
     opt.batch_invariant = invariant;
     opt.programmatic_launch = md.overlap;
     opt.prefill_heads_per_cta = md.prefill_heads_per_cta;
@@ -251,9 +259,6 @@ int main(int argc, char** argv) {
     opt.decode_partition_tokens = md.decode_partition_tokens;
     opt.prefill_wgmma = md.prefill_wgmma;
     opt.gemv_max_rows = md.gemv_max_rows;
-    opt.max_seqs = std::max(256, max_b);
-    opt.max_batch_tokens = std::max({8192, max_p, max_b});
-    opt.max_model_len = std::max(max_p, a.prompt + a.gen);
     auto model = check(CudaQwen3::load(a.model, alloc, opt), "loading " + a.model);
     cfg = model->config();
     shape = shape_of(cfg, model->weight_bytes());
@@ -316,11 +321,8 @@ int main(int argc, char** argv) {
   // the planning.
   json graph_timing;
   {
-    CudaModelOptions opt;
+    CudaModelOptions opt = sized_options();
     opt.time_graphs = true;
-    opt.max_seqs = std::max(256, max_b);
-    opt.max_batch_tokens = std::max({8192, max_p, max_b});
-    opt.max_model_len = std::max(max_p, a.prompt + a.gen);
     auto model = check(CudaQwen3::load(a.model, alloc, opt), "loading " + a.model);
     for (int B : a.batches) {
       if (B > 8) continue;  // the small steps, where the host's share matters
@@ -341,11 +343,8 @@ int main(int argc, char** argv) {
 
   json profile;
   if (a.profile) {
-    CudaModelOptions opt;
+    CudaModelOptions opt = sized_options();
     opt.profile = true;
-    opt.max_seqs = std::max(256, max_b);
-    opt.max_batch_tokens = std::max({8192, max_p, max_b});
-    opt.max_model_len = std::max(max_p, a.prompt + a.gen);
     auto model = check(CudaQwen3::load(a.model, alloc, opt), "loading " + a.model);
     auto take = [&](CudaQwen3& m, const std::string& name, double divide) {
       json j;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -290,6 +291,43 @@ TEST_F(CudaQwen3Test, GraphReplaysGiveTheSameResultsAsEagerLaunches) {
   EXPECT_GT(with->num_graphs(), 0u);
   EXPECT_EQ(without->num_graphs(), 0u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(g1[i].out, g2[i].out);
+}
+
+// CudaModelOptions::time_graphs adds two event nodes to each decode graph: the
+// results must not move, and each replay's GPU time must be counted, positive
+// and below the host's time around the same call.
+TEST_F(CudaQwen3Test, GraphTimingChangesNoResultAndTimesEachReplay) {
+  CudaModelOptions timed;
+  timed.time_graphs = true;
+  auto with = load(timed);
+  auto plain = load();
+  ASSERT_TRUE(with && plain);
+  const auto prompts = golden_prompts();
+  DeviceCache c1(*with, 128), c2(*plain, 128);
+  std::vector<Gen> g1, g2;
+  for (int i = 0; i < 3; ++i) {
+    g1.push_back({prompts[i].ids});
+    g2.push_back({prompts[i].ids});
+  }
+  double host_ms = 0;
+  for (int s = 0; s < 10; ++s) {
+    // Step 0 is the prefill, step 1 captures the graph: replays from step 2 on.
+    if (s == 2) {
+      EXPECT_EQ(with->graph_step_ms(), 0.0) << "no replay yet";
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto l1 = step(*with, c1, {&g1[0], &g1[1], &g1[2]});
+    if (s >= 2) host_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    auto l2 = step(*plain, c2, {&g2[0], &g2[1], &g2[2]});
+    ASSERT_EQ(l1.logits, l2.logits) << "step " << s;
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(g1[i].out, g2[i].out);
+  const double gpu_ms = with->graph_step_ms();
+  EXPECT_GT(gpu_ms, 0.0);
+  EXPECT_LT(gpu_ms, host_ms / 8) << "a replay's GPU time is part of its call's host time";
+  EXPECT_EQ(plain->graph_step_ms(), 0.0) << "not timed without the option";
+  with->reset_profile();
+  EXPECT_EQ(with->graph_step_ms(), 0.0);
 }
 
 // Overlapped launches (programmatic dependent launch) must wait for their
