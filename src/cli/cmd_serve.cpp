@@ -126,6 +126,10 @@ void add_serve_command(CLI::App& app) {
                   "Requests that wait while the engine is paused or asleep; beyond, 503")
       ->check(CLI::Range(0, INT32_MAX))
       ->capture_default_str();
+  cmd->add_option("--max-held-seconds", f->engine.max_held_seconds,
+                  "How long such a request waits at most; then it ends with a 503 naming the engine's state")
+      ->check(CLI::Range(0.001, 604800.0))
+      ->capture_default_str();
   cmd->add_option("--threads", f->engine.threads, "CPU threads for the model (0: all cores)")->capture_default_str();
   cmd->add_option("--seed", f->seed, "Seed of the sampler for requests without their own seed (default: random)")
       ->check(CLI::Range(int64_t{0}, INT64_MAX));

@@ -146,6 +146,7 @@ Engine::Engine(EngineOptions options, EngineLimits limits, Tokenizer tokenizer, 
                }),
       connector_(std::move(connector)),
       inbox_(std::make_shared<EngineInbox>()),
+      kv_registered_(connector_ != nullptr),
       weights_dir_(options_.model_dir) {
   publish_metrics();
   if (connector_)
@@ -366,21 +367,69 @@ EngineMemoryReport Engine::memory_report(Deadline deadline) const {
   return r;
 }
 
-Result<EngineStatus> Engine::pause(PauseMode mode, Deadline deadline) {
+namespace {
+
+// "sleep level 1: ...; the engine is running as before (nothing was released)".
+Status with_state(const Status& why, const std::string& what_now) { return Status{why.code, why.message + "; " + what_now}; }
+
+}  // namespace
+
+bool Engine::wait_until_stopped(std::unique_lock<std::mutex>& state_lock, Deadline deadline) {
+  return state_cv_.wait_until(state_lock, deadline,
+                              [&] { return !engine_schedules(state_.load()) || resumes_waiting_.load() > 0; });
+}
+
+Result<void> Engine::undo_pause(EngineState before) {
+  if (!engine_schedules(before) || engine_schedules(state_.load())) return {};
+  return run_on_loop(
+      [this]() -> Result<void> {
+        SIESTA_TRY(transition(EngineEvent::kResume));
+        return {};
+      },
+      Clock::now() + std::chrono::seconds(30));
+}
+
+Result<EngineStatus> Engine::pause(PauseMode mode, Deadline deadline, bool clear_cache) {
   SIESTA_ASSIGN_OR_RETURN(LifecycleTurn turn, LifecycleTurn::take(lifecycle_, deadline, "pause"));
+  const Clock::time_point start = Clock::now();
+  const EngineState before = state_.load();
   SIESTA_TRY(run_on_loop([this, mode] { return pause_on_loop(mode); }, deadline));
-  std::unique_lock<std::mutex> state_lock(state_mu_);
-  if (!state_cv_.wait_until(state_lock, deadline, [&] { return !engine_schedules(state_.load()); }))
-    return timeout("pause(wait): requests are still running at the deadline; the engine stays draining "
-                   "(call pause again to keep waiting, or resume)");
-  state_lock.unlock();
-  return status();
+  {
+    std::unique_lock<std::mutex> state_lock(state_mu_);
+    if (!wait_until_stopped(state_lock, deadline))
+      return timeout("pause(wait): requests are still running at the deadline; the engine stays draining "
+                     "(call pause again to keep waiting, or resume)");
+  }
+  if (engine_schedules(state_.load()))
+    return conflict("pause(wait): a resume came while the engine drained its requests; it did not pause and runs on");
+  EngineCallReport report;
+  if (clear_cache) {
+    auto cleared = run_on_loop(
+        [this, deadline, &report]() -> Result<void> {
+          SIESTA_ASSIGN_OR_RETURN(KvReleaseReport kv, release_kv_blocks(KvReleaseScope::kReset, "pause", deadline));
+          if (connector_) report.kv_transfer = std::move(kv);
+          return {};
+        },
+        deadline);
+    if (!cleared) {
+      // A pause that cannot clear the cache does not pause: the engine goes on as it was.
+      const bool undone = static_cast<bool>(undo_pause(before));
+      return with_state(cleared.error().with_context("pause: the prefix cache was not cleared"),
+                        std::string("the engine is ") + engine_state_name(state_.load()) +
+                            (undone ? " as before the call" : "") + " (call pause again, or pause with clear_cache=false)");
+    }
+  }
+  EngineStatus s = status();
+  report.seconds = seconds_since(start);
+  s.call = std::move(report);
+  return s;
 }
 
 Result<void> Engine::pause_on_loop(PauseMode mode) {
   switch (mode) {
     case PauseMode::kAbort:
-      abort_all(std::nullopt);
+      abort_all(unavailable("the request was aborted: the server was paused or put to sleep with mode=abort; send "
+                            "it again once the server serves"));
       SIESTA_TRY(transition(EngineEvent::kPauseNow));
       return {};
     case PauseMode::kKeep: {
@@ -397,21 +446,57 @@ Result<void> Engine::pause_on_loop(PauseMode mode) {
 }
 
 Result<EngineStatus> Engine::resume(Deadline deadline) {
-  SIESTA_ASSIGN_OR_RETURN(LifecycleTurn turn, LifecycleTurn::take(lifecycle_, deadline, "resume"));
+  // A lifecycle call that waits for KV blocks or for requests to drain gives
+  // up when it sees a resume coming, so that the resume is not stuck behind it.
+  resumes_waiting_.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    state_cv_.notify_all();
+  }
+  auto turn = LifecycleTurn::take(lifecycle_, deadline, "resume");
+  resumes_waiting_.fetch_sub(1);
+  if (!turn) return turn.error();
+  const Clock::time_point start = Clock::now();
+  EngineCallReport report;
   SIESTA_TRY(run_on_loop(
-      [this]() -> Result<void> {
+      [this, &report]() -> Result<void> {
+        if (state_.load() == EngineState::kPausedKvReleased) {
+          // The KV cache was released after a pause: map it first, then serve.
+          SIESTA_TRY(wake_on_loop(memory::TagSet{memory::Tag::kKvCache}, report));
+        }
+        SIESTA_TRY(next_engine_state(state_.load(), EngineEvent::kResume));
+        restore_kv_registration("resume");
         SIESTA_TRY(transition(EngineEvent::kResume));
         return {};
       },
       deadline));
-  return status();
+  EngineStatus s = status();
+  report.seconds = seconds_since(start);
+  s.call = std::move(report);
+  return s;
 }
 
 Result<EngineStatus> Engine::reset_prefix_cache(bool reset_running_requests, Deadline deadline) {
   SIESTA_ASSIGN_OR_RETURN(LifecycleTurn turn, LifecycleTurn::take(lifecycle_, deadline, "reset_prefix_cache"));
+  const Clock::time_point start = Clock::now();
+  EngineCallReport report;
   SIESTA_TRY(run_on_loop(
-      [this, reset_running_requests] { return scheduler_->reset_prefix_cache(reset_running_requests); }, deadline));
-  return status();
+      [this, reset_running_requests, deadline, &report]() -> Result<void> {
+        const SchedulerStats ss = scheduler_->stats();
+        if (!reset_running_requests && ss.num_running > 0)
+          return conflict("cannot reset the prefix cache: " + std::to_string(ss.num_running) +
+                          " requests are running; retry when they finish, or reset with reset_running_requests=true "
+                          "to preempt them (they recompute)");
+        SIESTA_ASSIGN_OR_RETURN(KvReleaseReport kv,
+                                release_kv_blocks(KvReleaseScope::kReset, "reset_prefix_cache", deadline));
+        if (connector_) report.kv_transfer = std::move(kv);
+        return {};
+      },
+      deadline));
+  EngineStatus s = status();
+  report.seconds = seconds_since(start);
+  s.call = std::move(report);
+  return s;
 }
 
 Result<EngineStatus> Engine::sleep(int level, PauseMode mode, Deadline deadline) {
@@ -421,22 +506,31 @@ Result<EngineStatus> Engine::sleep(int level, PauseMode mode, Deadline deadline)
                             "(release everything), got " + std::to_string(level));
   SIESTA_ASSIGN_OR_RETURN(LifecycleTurn turn, LifecycleTurn::take(lifecycle_, deadline, "sleep"));
   const Clock::time_point start = Clock::now();
+  const EngineState before = state_.load();
   // Stop scheduling first, as pause(mode) does; a stopped engine stays as it is.
-  if (engine_schedules(state_.load())) {
+  if (engine_schedules(before)) {
     SIESTA_TRY(run_on_loop([this, mode] { return pause_on_loop(mode); }, deadline));
     std::unique_lock<std::mutex> state_lock(state_mu_);
-    if (!state_cv_.wait_until(state_lock, deadline, [&] { return !engine_schedules(state_.load()); }))
+    if (!wait_until_stopped(state_lock, deadline))
       return timeout("sleep (mode wait): requests are still running at the deadline; nothing was released and the "
                      "engine stays draining (call sleep again to keep waiting, or use mode keep)");
+    state_lock.unlock();
+    if (engine_schedules(state_.load()))
+      return conflict("sleep (mode wait): a resume came while the engine drained its requests; nothing was released "
+                      "and the engine runs on");
   }
   EngineCallReport report;
   if (auto slept = run_on_loop([this, level, deadline, &report] { return sleep_on_loop(level, deadline, report); },
-                                deadline);
+                               deadline);
       !slept) {
+    // What failed before anything was released undoes the pause: the engine goes on as it was.
+    bool undone = false;
+    if (!engine_is_sleeping(state_.load())) undone = static_cast<bool>(undo_pause(before));
     const EngineState now = state_.load();
-    return Status{slept.error().code, slept.error().message + "; the engine is " + engine_state_name(now) +
-                                          (engine_is_sleeping(now) ? " (call sleep or wake_up again)"
-                                                                   : " (call sleep again, or resume to serve)")};
+    return with_state(slept.error(), std::string("the engine is ") + engine_state_name(now) +
+                                         (engine_is_sleeping(now) ? " (call sleep or wake_up again)"
+                                          : undone ? " as before the call; nothing was released (call sleep again)"
+                                                   : " (call sleep again, or resume to serve)"));
   }
   EngineStatus s = status();
   report.seconds = seconds_since(start);
@@ -454,7 +548,10 @@ Result<void> Engine::sleep_on_loop(int level, Deadline deadline, EngineCallRepor
     return {};
   }
 
-  SIESTA_TRY(prepare_kv_release(deadline));
+  SIESTA_ASSIGN_OR_RETURN(KvReleaseReport kv, release_kv_blocks(KvReleaseScope::kMemory, "sleep", deadline));
+  const bool deregistered = kv.deregistered;
+  if (connector_) report.kv_transfer = std::move(kv);
+  if (deregistered) kv_.close_transfer_export();  // no one else holds a copy now
   bool weights_loaded = false;
   {
     std::lock_guard<std::mutex> lock(weights_mu_);
@@ -473,7 +570,11 @@ Result<void> Engine::sleep_on_loop(int level, Deadline deadline, EngineCallRepor
   if (!slept) {
     // The pool copies before it releases anything; whatever it did release
     // must not be scheduled on: say the engine sleeps, and let the caller retry.
-    if (memory_->resident_tags() != memory::TagSet::all()) (void)transition(EngineEvent::kSleepLevel2);
+    if (memory_->resident_tags() != memory::TagSet::all()) {
+      (void)transition(EngineEvent::kSleepLevel2);
+    } else if (deregistered) {
+      restore_kv_registration("sleep");
+    }
     return slept.error().with_context("sleep level " + std::to_string(level));
   }
   add(report.released_bytes, slept->released_bytes);
@@ -492,7 +593,6 @@ Result<void> Engine::sleep_on_loop(int level, Deadline deadline, EngineCallRepor
   SIESTA_TRY(transition(event));
   return {};
 }
-
 Result<EngineStatus> Engine::wake_up(memory::TagSet tags, Deadline deadline) {
   SIESTA_ASSIGN_OR_RETURN(LifecycleTurn turn, LifecycleTurn::take(lifecycle_, deadline, "wake_up"));
   const Clock::time_point start = Clock::now();
@@ -522,18 +622,14 @@ Result<void> Engine::wake_on_loop(memory::TagSet tags, EngineCallReport& report)
                     tags.to_string(), memory::format_bytes(memory::sum(woken->mapped_bytes)),
                     memory::format_bytes(memory::sum(woken->restored_bytes)), woken->map_seconds,
                     woken->restore_seconds, woken->not_resident.to_string());
+  // The KV cache is back (new memory at the same address): peers see it
+  // under a new epoch. A failure leaves the engine serving without P/D
+  // transfers (loads recompute, no blocks are offered to readers) until a
+  // later wake_up or resume registers it.
+  restore_kv_registration("wake_up");
   if (!woken->not_resident.empty()) {
     SIESTA_TRY(transition(EngineEvent::kWakePartial));
     return {};
-  }
-  if (connector_ && woken->mapped_bytes[memory::tag_index(memory::Tag::kKvCache)] > 0) {
-    // The KV cache is back (new memory at the same address): peers see it
-    // under a new epoch. A failure leaves the engine serving without P/D
-    // transfers (loads recompute, no blocks are offered to readers).
-    if (auto ok = connector_->on_kv_cache_mapped(kv_.export_for_transfer(options_.cuda_device)); !ok)
-      SIESTA_LOG_ERROR("engine: wake_up: the KV cache could not be registered for P/D transfers again ({}); this "
-                       "engine serves without them until the next sleep and wake",
-                       ok.error().message);
   }
   bool weights_loaded = false;
   std::filesystem::path dir;
@@ -575,12 +671,19 @@ Result<void> Engine::release_kv_on_loop(Deadline deadline, EngineCallReport& rep
     return conflict(std::string("release_kv_cache_memory needs a paused engine, and it is ") + engine_state_name(from) +
                     "; call POST /pause first (mode keep keeps the running requests)");
   SIESTA_TRY(next_engine_state(from, EngineEvent::kReleaseKvCache));
-  SIESTA_TRY(prepare_kv_release(deadline));
+  SIESTA_ASSIGN_OR_RETURN(KvReleaseReport kv,
+                          release_kv_blocks(KvReleaseScope::kMemory, "release_kv_cache_memory", deadline));
+  const bool deregistered = kv.deregistered;
+  if (connector_) report.kv_transfer = std::move(kv);
+  if (deregistered) kv_.close_transfer_export();  // no one else holds a copy now
   memory::SleepOptions only_kv;
   only_kv.tags = memory::TagSet{memory::Tag::kKvCache};
   auto slept = memory_->sleep({}, only_kv);
   if (!slept) {
-    if (!memory_->is_resident(memory::Tag::kKvCache)) (void)transition(EngineEvent::kReleaseKvCache);
+    if (!memory_->is_resident(memory::Tag::kKvCache))
+      (void)transition(EngineEvent::kReleaseKvCache);
+    else if (deregistered)
+      restore_kv_registration("release_kv_cache_memory");
     return slept.error().with_context("release_kv_cache_memory");
   }
   add(report.released_bytes, slept->released_bytes);
@@ -589,7 +692,6 @@ Result<void> Engine::release_kv_on_loop(Deadline deadline, EngineCallReport& rep
   SIESTA_TRY(transition(EngineEvent::kReleaseKvCache));
   return {};
 }
-
 Result<EngineStatus> Engine::reload_weights(std::optional<std::filesystem::path> model_dir, Deadline deadline) {
   SIESTA_ASSIGN_OR_RETURN(LifecycleTurn turn, LifecycleTurn::take(lifecycle_, deadline, "reload_weights"));
   const Clock::time_point start = Clock::now();
@@ -638,20 +740,61 @@ Result<void> Engine::reload_on_loop(const std::filesystem::path& dir, EngineCall
   return {};
 }
 
-Result<void> Engine::prepare_kv_release(Deadline deadline) {
-  if (!memory_->is_resident(memory::Tag::kKvCache)) return {};  // released already: blocks are free
-  if (connector_) {
-    if (auto ok = connector_->release_transfer_kv(deadline); !ok)
-      return ok.error().with_context("the KV cache stays resident: the P/D connector could not end its transfers");
-    poll_connector();  // loads it ended recompute; holds it released go
-    kv_.close_transfer_export();  // deregistered: no one else holds a copy
-  }
+Result<KvReleaseReport> Engine::release_kv_blocks(KvReleaseScope scope, const std::string& call, Deadline deadline) {
+  KvReleaseReport report;
+  if (!memory_->is_resident(memory::Tag::kKvCache)) return report;  // released already: every block is free
   const int32_t n = scheduler_->preempt_all();
-  if (n > 0) SIESTA_LOG_INFO("engine: {} running requests recompute after wake", n);
+  if (n > 0) SIESTA_LOG_INFO("engine: {}: {} running requests recompute", call, n);
+  if (connector_) {
+    auto ended = connector_->release_transfer_kv(scope, deadline);
+    if (!ended)
+      return ended.error().with_context(call + ": the P/D connector could not end its transfers (nothing was reset " +
+                                        "or released)");
+    report = std::move(*ended);
+    if (report.deregistered) kv_registered_ = false;
+  }
+  // Every block comes back: the ended loads give theirs once nothing can
+  // write them any more, the ended sends once no write of ours reads them.
+  for (;;) {
+    poll_connector();
+    (void)scheduler_->preempt_all();  // a load that ended with its KV made its request run: it recomputes too
+    const BlockPoolStats ps = pool_->stats();
+    if (ps.num_free_blocks == ps.num_blocks) break;
+    std::string why;
+    ErrorCode code = ErrorCode::kTimeout;
+    if (resumes_waiting_.load() > 0) {
+      why = "a resume came meanwhile";
+      code = ErrorCode::kConflict;
+    } else if (Clock::now() >= deadline) {
+      why = "the deadline passed";
+    }
+    if (!why.empty()) {
+      if (report.deregistered) restore_kv_registration(call);
+      const int held_remote = pool_->num_held_blocks_with_prefix(send_hold_owner(""));
+      const int held_loads = pool_->num_held_blocks_with_prefix(load_hold_owner(""));
+      return Status{code, call + ": " + std::to_string(ps.num_blocks - ps.num_free_blocks) + " of " +
+                              std::to_string(ps.num_blocks) + " KV blocks were still held (" +
+                              std::to_string(held_remote) + " for remote readers, " + std::to_string(held_loads) +
+                              " for loads a peer may still write) when " + why + "; nothing was reset or released"};
+    }
+    std::unique_lock<std::mutex> lock(inbox_->mu);
+    inbox_->cv.wait_for(lock, std::chrono::milliseconds(2), [&] { return inbox_->connector_progress; });
+    inbox_->connector_progress = false;
+  }
   if (auto ok = scheduler_->reset_prefix_cache(/*reset_running_requests=*/true); !ok)
-    return conflict("the KV cache stays resident: KV blocks are still in use (" + ok.error().message +
-                    "); retry when the transfers holding them end");
-  return {};
+    return ok.error().with_context(call);
+  return report;
+}
+
+void Engine::restore_kv_registration(const std::string& call) {
+  if (!connector_ || kv_registered_ || !memory_->is_resident(memory::Tag::kKvCache)) return;
+  if (auto ok = connector_->on_kv_cache_mapped(kv_.export_for_transfer(options_.cuda_device)); !ok) {
+    SIESTA_LOG_ERROR("engine: {}: the KV cache could not be registered for P/D transfers again ({}); this engine "
+                     "serves without them until its next wake_up or resume",
+                     call, ok.error().message);
+    return;
+  }
+  kv_registered_ = true;
 }
 
 void Engine::note_weights_released() {
@@ -690,6 +833,7 @@ void Engine::run_loop() {
     submissions.clear();
     apply_aborts(aborts);
     aborts.clear();
+    if (!engine_admits(state_.load())) expire_held(Clock::now());
     for (Command& c : commands) {
       {
         std::lock_guard<std::mutex> lock(c.result->mu);
@@ -806,6 +950,40 @@ void Engine::apply_aborts(const std::vector<RequestId>& ids) {
     s.stream->push(s.index, std::move(d));
     metrics_.record_finish(FinishReason::kAbort, std::chrono::duration<double>(now - s.arrival).count());
   }
+}
+
+void Engine::expire_held(Clock::time_point now) {
+  const auto limit = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.max_held_seconds));
+  std::vector<EngineSubmission> expired;
+  {
+    std::lock_guard<std::mutex> lock(inbox_->mu);
+    auto& subs = inbox_->submissions;
+    if (subs.empty() || now - subs.front().arrival < limit) return;
+    for (auto it = subs.begin(); it != subs.end();) {
+      if (now - it->arrival < limit) {
+        ++it;
+        continue;
+      }
+      inbox_->live_ids.erase(it->request.id);
+      expired.push_back(std::move(*it));
+      it = subs.erase(it);
+    }
+  }
+  const EngineState state = state_.load();
+  const Status why = unavailable(
+      "the request waited " + std::to_string(static_cast<int64_t>(options_.max_held_seconds)) + " s (--max-held-seconds) for an engine that is " +
+      engine_state_name(state) + "; it was not started. Send it again after " +
+      (engine_is_sleeping(state) || state == EngineState::kPausedKvReleased ? "POST /wake_up" : "POST /resume"));
+  for (EngineSubmission& s : expired) {
+    if (connector_) connector_->on_request_dropped(s.request);
+    RequestDelta d;
+    d.finish = RequestFinish{FinishReason::kAbort, {}, static_cast<int32_t>(s.request.prompt_tokens.size()), 0, 0, why,
+                             nullptr};
+    s.stream->push(s.index, std::move(d));
+    metrics_.record_finish(FinishReason::kAbort, std::chrono::duration<double>(now - s.arrival).count());
+  }
+  SIESTA_LOG_WARN("engine: {} requests held longer than {} s while {} ended with an error", expired.size(),
+                  options_.max_held_seconds, engine_state_name(state));
 }
 
 void Engine::abort_all(const std::optional<Status>& error) {

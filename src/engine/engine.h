@@ -47,7 +47,7 @@
 // there is nothing to do it waits for the inbox (with a deadline, so it never
 // sleeps unbounded).
 //
-// P/D (issue 7): a KvConnector given to create() is called at the points
+// P/D: a KvConnector given to create() is called at the points
 // engine_connector.h lists; EngineRequest carries kv_transfer_params and
 // RequestFinish returns the connector's answer.
 #pragma once
@@ -109,8 +109,15 @@ class Engine {
   // Stops scheduling (engine_state.h). kWait returns once the scheduler is
   // empty, or kTimeout at the deadline (still draining; resume or pause again).
   // Pausing a paused or sleeping engine applies the mode and changes no state.
-  Result<EngineStatus> pause(PauseMode mode, Deadline deadline);
-  // kConflict while memory is asleep or released (wake_up first).
+  // clear_cache (vLLM's default over HTTP): then the prefix cache is emptied
+  // as reset_prefix_cache(true) does, P/D transfers ended first; if that
+  // fails the pause is undone and the answer says so.
+  Result<EngineStatus> pause(PauseMode mode, Deadline deadline, bool clear_cache = false);
+  // Scheduling again. A KV cache released by release_kv_cache_memory is
+  // mapped first. kConflict while asleep (wake_up first). A lifecycle call
+  // that is waiting (for KV blocks held by transfers, or for requests to
+  // drain) when resume comes gives up, says so, and leaves the engine as it
+  // was; the resume then runs.
   Result<EngineStatus> resume(Deadline deadline);
 
   // Sleep mode (options.enable_sleep_mode; kInvalidArgument without it).
@@ -133,7 +140,10 @@ class Engine {
   // (kInvalidArgument naming the differences). The prefix cache is emptied:
   // its KV came from the old weights.
   Result<EngineStatus> reload_weights(std::optional<std::filesystem::path> model_dir, Deadline deadline);
-  // Scheduler::reset_prefix_cache on the loop.
+  // Empties the prefix cache. Running requests refuse it (kConflict) unless
+  // reset_running_requests, which preempts them (they recompute). P/D
+  // transfers holding blocks are ended first (loads recompute, readers are
+  // told) and the call waits, with its deadline, for their blocks.
   Result<EngineStatus> reset_prefix_cache(bool reset_running_requests, Deadline deadline);
 
   EngineState state() const { return state_.load(); }
@@ -170,9 +180,22 @@ class Engine {
   Result<void> wake_on_loop(memory::TagSet tags, EngineCallReport& report);
   Result<void> release_kv_on_loop(Deadline deadline, EngineCallReport& report);
   Result<void> reload_on_loop(const std::filesystem::path& dir, EngineCallReport& report);
-  // Ends KV transfers (connector) and empties the block pool and the prefix
-  // cache, so that the KV cache memory can go.
-  Result<void> prepare_kv_release(Deadline deadline);
+  // Takes every KV block back so that the cache can be reset (kReset) or its
+  // memory released (kMemory): running requests recompute, the connector
+  // ends its transfers (release_transfer_kv), the loop polls it until every
+  // block it held is free (with the deadline; a resume coming meanwhile also
+  // ends the wait), then the prefix cache is emptied. A failure resets and
+  // releases nothing and leaves the KV cache registered.
+  Result<KvReleaseReport> release_kv_blocks(KvReleaseScope scope, const std::string& call, Deadline deadline);
+  // Registers a resident KV cache with the connector again when it is not
+  // (after a release that went no further, a wake, a resume); logs a failure.
+  void restore_kv_registration(const std::string& call);
+  // Waits on state_cv_ until the engine stops scheduling or a resume comes; false at the deadline.
+  bool wait_until_stopped(std::unique_lock<std::mutex>& state_lock, Deadline deadline);
+  // A call that paused an engine that was scheduling (`before`) and then failed resumes it.
+  Result<void> undo_pause(EngineState before);
+  // Requests held (paused or asleep) longer than max_held_seconds end with an error.
+  void expire_held(std::chrono::steady_clock::time_point now);
   // weights_loaded_ is cleared when the pool says weights were released.
   void note_weights_released();
 
@@ -208,6 +231,10 @@ class Engine {
   std::shared_ptr<EngineInbox> inbox_;
 
   std::atomic<EngineState> state_{EngineState::kRunning};
+  // resume() calls waiting for their turn (a waiting lifecycle call gives up for them).
+  std::atomic<int> resumes_waiting_{0};
+  // The KV cache is registered with the connector (loop thread).
+  bool kv_registered_ = false;
   std::mutex state_mu_;
   std::condition_variable state_cv_;
   // One lifecycle call at a time, so they never interleave; a mutex and a

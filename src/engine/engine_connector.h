@@ -9,12 +9,19 @@
 //   on_kv_cache_mapped(region)    at Engine::create and after every wake that
 //                                 maps the KV cache again: register it with
 //                                 the transfer engine (a new epoch)
-//   release_transfer_kv(deadline) before the KV cache memory is released
-//                                 (sleep level >= 1, release_kv_cache_memory):
-//                                 end loads (they recompute) and sends, wait
-//                                 for transfers in flight, invalidate peers,
-//                                 deregister. A failure keeps the KV cache
-//                                 resident.
+//   release_transfer_kv(scope, deadline)
+//                                 before the KV cache's blocks are reset
+//                                 (kReset: a pause that clears the cache,
+//                                 reset_prefix_cache) or its memory released
+//                                 (kMemory: sleep level >= 1,
+//                                 release_kv_cache_memory): loads end (their
+//                                 requests recompute), sends end (readers are
+//                                 told), our transfers in flight finish; for
+//                                 kMemory every peer that imported our memory
+//                                 drops it (INVALIDATE, ACK) and the KV cache
+//                                 is deregistered. The blocks those transfers
+//                                 held come back through poll(). A failure
+//                                 leaves the registration as it was.
 //
 // Per request, in order:
 //   on_request_added(r)           before the request enters the scheduler:
@@ -48,6 +55,7 @@
 #include "engine/engine_kv_cache.h"
 #include "engine/engine_metrics.h"
 #include "engine/engine_request.h"
+#include "engine/engine_status.h"
 #include "engine/engine_stream.h"
 #include "engine/request_output.h"
 #include "engine/scheduler.h"
@@ -79,6 +87,12 @@ struct ConnectorUpdates {
   std::vector<std::string> releasable_holds;  // send_hold_owner / load_hold_owner names
 };
 
+// What release_transfer_kv prepares for.
+enum class KvReleaseScope : uint8_t {
+  kReset,   // the blocks are reset, the memory stays: the KV cache stays registered
+  kMemory,  // the memory goes: peers drop it, the KV cache is deregistered
+};
+
 class KvConnector {
  public:
   virtual ~KvConnector() = default;
@@ -90,7 +104,7 @@ class KvConnector {
   virtual nlohmann::json on_request_finished(const EngineRequest& request, const RequestOutput& output) = 0;
   virtual void on_request_aborted(const RequestId& id) = 0;
   virtual void on_request_dropped(const EngineRequest& /*request*/) {}
-  virtual Result<void> release_transfer_kv(Deadline deadline) = 0;
+  virtual Result<KvReleaseReport> release_transfer_kv(KvReleaseScope scope, Deadline deadline) = 0;
   // The engine gives, before its loop starts, what the connector calls (from
   // any thread, without holding its own locks) when poll() has news: a load
   // ended. The engine loop then wakes at once instead of at its next tick.

@@ -54,6 +54,13 @@ struct KvTransferMetrics {
   uint64_t sends_expired = 0;           // holds that ran out before a reader came
   uint64_t sends_aborted = 0;           // holds ended by an abort on either side (or by sleep)
   uint64_t sends_failed = 0;            // a write to the reader failed
+  // The transfer engine's control plane (sleep and wake of this engine and its peers).
+  uint64_t invalidations_sent = 0;        // INVALIDATE sent to peers that imported our KV cache
+  uint64_t invalidation_acks = 0;         // ... acknowledged (the peer dropped our memory)
+  uint64_t invalidations_unanswered = 0;  // ... not acknowledged before the deadline (peer skipped)
+  uint64_t invalidations_received = 0;    // INVALIDATE from peers, acknowledged
+  uint64_t peer_handshakes = 0;           // peer metadata fetched (first use, and after each peer's wake)
+  uint64_t epoch = 0;                     // this engine's current transfer epoch
 };
 
 struct EngineMetricsSnapshot {

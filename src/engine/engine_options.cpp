@@ -18,6 +18,8 @@ Result<EngineLimits> resolve_engine_limits(const EngineOptions& o, const ModelCo
   if (o.max_num_seqs < 1) return invalid_argument("--max-num-seqs must be at least 1, got " + num(int64_t{o.max_num_seqs}));
   if (o.max_num_batched_tokens < 1)
     return invalid_argument("--max-num-batched-tokens must be at least 1, got " + num(int64_t{o.max_num_batched_tokens}));
+  if (!(o.max_held_seconds > 0) || o.max_held_seconds > 86400 * 7)
+    return invalid_argument("--max-held-seconds must be in (0, 604800], got " + std::to_string(o.max_held_seconds));
   if (o.max_held_requests < 0)
     return invalid_argument("--max-held-requests must be at least 0, got " + num(int64_t{o.max_held_requests}));
   if (o.max_model_len && *o.max_model_len < 2)

@@ -65,6 +65,9 @@ struct EngineOptions {
   // Requests that arrive while the engine is paused or asleep wait, up to this
   // many; beyond, submit answers kUnavailable (HTTP 503).
   int32_t max_held_requests = 1024;
+  // ... and at most this long: a request held longer ends with an error
+  // (kUnavailable) that names the state, and how to get out of it.
+  double max_held_seconds = 600.0;
   Device device = Device::kCpu;
   int cuda_device = 0;  // --device cuda:N: the CUDA device ordinal (after CUDA_VISIBLE_DEVICES)
   // --device cuda: the fraction of the device's total memory this engine may

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/engine_state.h"
 #include "memory/backend.h"
@@ -14,6 +15,17 @@
 #include "memory/tag.h"
 
 namespace siesta {
+
+// What a P/D connector did for a call that reset or released the KV cache
+// (KvConnector::release_transfer_kv).
+struct KvReleaseReport {
+  int32_t loads_ended = 0;               // loads that had not ended: their requests recompute
+  int32_t sends_ended = 0;               // holds for remote readers ended; the readers told
+  std::vector<std::string> invalidated;  // peers sent INVALIDATE (engine ids)
+  std::vector<std::string> acked;        // ... that acknowledged (they dropped our memory)
+  std::vector<std::string> unanswered;   // ... that did not before the deadline (skipped, logged)
+  bool deregistered = false;             // the KV cache is no longer registered for transfers
+};
 
 // What one lifecycle call did to the memory (zero for calls that did nothing).
 struct EngineCallReport {
@@ -23,6 +35,9 @@ struct EngineCallReport {
   memory::TagBytes restored_bytes{};  // of which filled from host copies
   uint64_t discarded_bytes = 0;       // host copies dropped (level 2 after level 1)
   std::string weights_loaded_from;    // a checkpoint read into the weights by this call
+  // The P/D connector's part, when the call reset or released the KV cache of
+  // an engine that has one.
+  std::optional<KvReleaseReport> kv_transfer;
   double seconds = 0;
 };
 

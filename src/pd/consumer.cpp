@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <thread>
-
 #include "common/log.h"
 #include "pd/kv_blocks.h"
 
@@ -11,8 +9,6 @@ namespace siesta::pd {
 namespace {
 
 using nlohmann::json;
-
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 bool flag(const json& params, const char* key) {
   if (!params.is_object()) return false;
@@ -27,11 +23,9 @@ const json* field(const json& params, const char* key) {
 
 bool non_empty_string(const json* v) { return v && v->is_string() && !v->get<std::string>().empty(); }
 
-int64_t unix_ms_after(Deadline deadline) {
-  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                             std::chrono::system_clock::now().time_since_epoch())
-                             .count();
-  return now_ms + transfer::millis_left(deadline);
+int64_t unix_now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace
@@ -39,6 +33,13 @@ int64_t unix_ms_after(Deadline deadline) {
 size_t Consumer::num_loads() const {
   std::lock_guard<std::mutex> lock(mu_);
   return loads_.size();
+}
+
+std::optional<LoadState> Consumer::state_of(const RequestId& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = loads_.find(id);
+  if (it == loads_.end()) return std::nullopt;
+  return it->second.state;
 }
 
 Result<Consumer::Source> Consumer::parse_source(const json& params, TransferMode preferred) {
@@ -87,44 +88,41 @@ void Consumer::transition(Load& l, LoadEvent event, const std::string& detail) {
   }
   SIESTA_LOG_DEBUG("pd: load {} {} -> {} ({}){}{}", l.id, load_state_name(l.state), load_state_name(*next),
                    load_event_name(event), detail.empty() ? "" : ": ", detail);
+  const bool was_ended = load_ended(l.state);
   l.state = *next;
-  if (load_ended(l.state)) ctx_.progress();
+  if (load_ended(l.state) != was_ended || load_final(l.state)) ctx_.progress();
 }
 
 void Consumer::fail(Load& l, const std::string& why) {
   if (load_ended(l.state)) return;
   transition(l, LoadEvent::kFailed, why);
   l.failure = why;
-  if (!l.aborted) {
+  if (l.waiter == Waiter::kWaiting) {
     ctx_.metrics.load_failed();
     SIESTA_LOG_WARN("pd: request {}: no remote KV ({}); it computes its prompt here", l.id, why);
   }
-  if (!l.producer_told) {
-    l.producer_told = true;
-    post_release(l.id, l.source);
-  }
+  post_release(l.id, l.source, l.producer_address);
+  settle(l, ctx_.now());
   ctx_.kick();
 }
 
-bool Consumer::quiet(const Load& l, Clock::time_point now) const {
-  if (l.read_starting) return false;
-  if (l.read && ctx_.transfers.in_flight(*l.read)) return false;
-  if (l.producer_may_write && now < l.quiet_at) return false;
-  return true;
+void Consumer::settle(Load& l, Clock::time_point now) {
+  if (l.state != LoadState::kEnding) return;
+  if (l.source.mode == TransferMode::kRead) {
+    // Our read: quiet once the backend no longer touches our blocks. Until
+    // its id is known, the task submitting it settles it.
+    if (!l.read) return;
+    if (ctx_.port.poll(*l.read).pending() || ctx_.port.in_flight(*l.read)) return;
+    transition(l, LoadEvent::kQuiet, "our read ended");
+    return;
+  }
+  if (now >= l.quiet_at) transition(l, LoadEvent::kQuiet, "the write request's deadline and grace passed");
 }
 
 // ---- engine loop ------------------------------------------------------------------
 
 ConnectorPlan Consumer::on_added(const EngineRequest& r) {
   if (!flag(r.kv_transfer_params, "do_remote_prefill")) return {};
-  const LocalKv kv = ctx_.kv.get();
-  if (!kv.registered) {
-    SIESTA_LOG_WARN("pd: request {} asks for remote KV, but the KV cache is not registered for transfers; it "
-                    "computes its prompt here",
-                    r.id);
-    ctx_.metrics.recomputed();
-    return {};
-  }
   auto source = parse_source(r.kv_transfer_params, ctx_.config.mode);
   if (!source) {
     SIESTA_LOG_WARN("pd: request {}: {}; it computes its prompt here", r.id, source.error().message);
@@ -132,6 +130,16 @@ ConnectorPlan Consumer::on_added(const EngineRequest& r) {
     return {};
   }
   if (source->mode == TransferMode::kWrite) source->choice = r.choice_index;
+  const LocalKv kv = ctx_.kv.get();
+  if (!kv.registered) {
+    SIESTA_LOG_WARN("pd: request {} asks for remote KV, but the KV cache is not registered for transfers; it "
+                    "computes its prompt here, and the producer is told to let go of its blocks",
+                    r.id);
+    ctx_.metrics.recomputed();
+    std::lock_guard<std::mutex> lock(mu_);
+    post_release(r.id, *source, {});
+    return {};
+  }
   Load l;
   l.id = r.id;
   l.source = std::move(*source);
@@ -154,8 +162,9 @@ void Consumer::start_load(const RequestId& id, const RemoteKvTarget& target) {
   Load& l = it->second;
   l.blocks = target.block_table;
   l.first_block = kv.block_size > 0 ? target.num_cached_tokens / kv.block_size : 0;
-  l.started = Clock::now();
+  l.started = ctx_.now();
   l.deadline = l.started + ctx_.config.load_timeout;
+  l.quiet_at = l.deadline + ctx_.config.write_grace;
   transition(l, LoadEvent::kAllocated);
   const auto total = static_cast<size_t>(kv.blocks_for(l.prompt.num_tokens));
   if (!kv.registered || l.blocks.size() != total) {
@@ -170,9 +179,8 @@ void Consumer::start_load(const RequestId& id, const RemoteKvTarget& target) {
   if (static_cast<size_t>(l.first_block) >= l.blocks.size()) {
     // The prefix cache holds the whole prompt: nothing to move.
     transition(l, LoadEvent::kKvInPlace, "every block in the prefix cache");
-    ctx_.metrics.load_done(0, seconds_since(l.started));
-    l.producer_told = true;
-    post_release(l.id, l.source, /*consumed=*/true);
+    ctx_.metrics.load_done(0, 0.0);
+    post_release(l.id, l.source, {}, /*consumed=*/true);
     return;
   }
   if (l.source.mode == TransferMode::kWrite)
@@ -187,7 +195,7 @@ void Consumer::on_skipped(const RequestId& id) {
   auto it = loads_.find(id);
   if (it == loads_.end()) return;
   ctx_.metrics.recomputed();
-  post_release(id, it->second.source);
+  post_release(id, it->second.source, {});
   loads_.erase(it);
 }
 
@@ -196,22 +204,18 @@ void Consumer::on_aborted(const RequestId& id) {
   auto it = loads_.find(id);
   if (it == loads_.end()) return;
   Load& l = it->second;
-  if (l.state == LoadState::kPending) {
-    // No blocks yet, so no hold.
-    post_release(id, l.source);
-    loads_.erase(it);
-    return;
+  switch (l.waiter) {
+    case Waiter::kWaiting:
+      // Scheduler::abort keeps the blocks of a request waiting for remote KV
+      // under load_hold_owner(id) (a PENDING load has none yet).
+      l.waiter = l.state == LoadState::kPending ? Waiter::kGone : Waiter::kHolds;
+      if (!load_ended(l.state)) fail(l, "the request was aborted");
+      break;
+    case Waiter::kTold: l.waiter = Waiter::kGone; break;
+    case Waiter::kHolds:
+    case Waiter::kGone: break;
   }
-  if (l.reported) {
-    // Its load ended before: the request no longer waited for it, and the
-    // scheduler made no hold (unless a failed load left one: still tracked).
-    if (!l.hold_pending) loads_.erase(it);
-    return;
-  }
-  // Waiting for remote KV: the scheduler holds the blocks (load_hold_owner).
-  l.aborted = true;
-  l.hold_pending = true;
-  fail(l, "the request was aborted");
+  ctx_.progress();
 }
 
 void Consumer::on_dropped(const EngineRequest& r) {
@@ -220,28 +224,28 @@ void Consumer::on_dropped(const EngineRequest& r) {
   if (!source) return;
   if (source->mode == TransferMode::kWrite) source->choice = r.choice_index;
   std::lock_guard<std::mutex> lock(mu_);
-  post_release(r.id, *source);
+  post_release(r.id, *source, {});
 }
 
 void Consumer::collect(ConnectorUpdates& updates) {
-  const Clock::time_point now = Clock::now();
+  const Clock::time_point now = ctx_.now();
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = loads_.begin(); it != loads_.end();) {
     Load& l = it->second;
-    if (load_ended(l.state) && !l.reported && !l.aborted) {
-      const bool may_change = l.state == LoadState::kFailed && !quiet(l, now);
+    settle(l, now);
+    if (l.waiter == Waiter::kWaiting && load_ended(l.state)) {
       const bool loaded = l.state == LoadState::kLoaded;
+      const bool may_change = l.state == LoadState::kEnding;
       updates.finished_loads.push_back(FinishedLoad{l.id, loaded, may_change, loaded ? l.logits : nullptr});
       if (loaded && l.logits) ctx_.metrics.first_token_from_producer();
       l.logits.reset();
-      l.reported = true;
-      l.hold_pending = may_change;
+      l.waiter = may_change ? Waiter::kHolds : Waiter::kTold;
     }
-    if (l.hold_pending && quiet(l, now)) {
+    if (l.waiter == Waiter::kHolds && load_final(l.state)) {
       updates.releasable_holds.push_back(load_hold_owner(l.id));
-      l.hold_pending = false;
+      l.waiter = Waiter::kGone;
     }
-    if ((l.reported || l.aborted) && !l.hold_pending && !l.read_starting)
+    if ((l.waiter == Waiter::kTold || l.waiter == Waiter::kGone) && load_final(l.state))
       it = loads_.erase(it);
     else
       ++it;
@@ -256,9 +260,17 @@ std::string Consumer::on_load_failed(const LoadFailed& m) {
   if (it == loads_.end()) return encode_ok();
   Load& l = it->second;
   if (l.source.mode != TransferMode::kWrite) return encode_refusal("request " + l.id + " does not wait for a write");
-  l.producer_may_write = false;
-  l.producer_told = true;  // the producer ended its send
-  fail(l, "the producer will not write: " + m.reason);
+  if (l.state == LoadState::kEnding) {
+    transition(l, LoadEvent::kQuiet, "the producer will not write: " + m.reason);
+  } else if (!load_ended(l.state)) {
+    transition(l, LoadEvent::kProducerEnded, "the producer will not write: " + m.reason);
+    l.failure = m.reason;
+    if (l.waiter == Waiter::kWaiting) {
+      ctx_.metrics.load_failed();
+      SIESTA_LOG_WARN("pd: request {}: no remote KV (the producer will not write: {}); it computes its prompt here",
+                      l.id, m.reason);
+    }
+  }
   ctx_.kick();
   return encode_ok();
 }
@@ -276,13 +288,14 @@ void Consumer::on_written(const Written& w, const std::string& from_engine) {
                     l.source.producer_engine.empty() ? std::string("no write") : l.source.producer_engine);
     return;
   }
-  l.producer_may_write = false;
-  if (l.state == LoadState::kStarting || l.state == LoadState::kAwaitingWrite) {
-    l.producer_told = true;  // the producer's send is done
+  if (l.state == LoadState::kEnding) {
+    transition(l, LoadEvent::kQuiet, "the producer's write ended after the load gave up");
+  } else if (l.state == LoadState::kStarting || l.state == LoadState::kAsked ||
+             l.state == LoadState::kAwaitingWrite) {
     l.bytes = w.bytes;
     l.logits = w.logits;
     transition(l, LoadEvent::kKvInPlace, "written by the producer");
-    ctx_.metrics.load_done(w.bytes, seconds_since(l.started));
+    ctx_.metrics.load_done(w.bytes, std::chrono::duration<double>(ctx_.now() - l.started).count());
   }
   ctx_.kick();
 }
@@ -299,7 +312,7 @@ void Consumer::run_write_start(const RequestId& id) {
     source = it->second.source;
     deadline = it->second.deadline;
   }
-  auto found = locator_.resolve(source.prefill_url, ctx_.message_deadline(deadline));
+  auto found = ctx_.port.resolve_prefill(source.prefill_url, ctx_.message_deadline(deadline));
   const LocalKv kv = ctx_.kv.get();
   WriteRequest m;
   {
@@ -307,41 +320,56 @@ void Consumer::run_write_start(const RequestId& id) {
     auto it = loads_.find(id);
     if (it == loads_.end() || it->second.state != LoadState::kStarting) return;
     Load& l = it->second;
-    if (!found) return fail(l, "finding the prefill instance's side channel: " + found.error().message);
+    if (!found) return fail(l, "finding the producer: " + found.error().message);
     if (!kv.registered) return fail(l, "the KV cache is not registered for transfers");
     l.producer_address = found->address;
     l.source.producer_engine = found->engine_id;
     m.x_request_id = l.source.x_request_id;
     m.choice = l.source.choice;
     m.consumer_request = l.id;
-    m.consumer_engine = ctx_.transfers.engine_id();
-    m.consumer_address = ctx_.transfers.address();
+    m.consumer_engine = ctx_.port.engine_id();
+    m.consumer_address = ctx_.port.address();
     m.region = kv.region.value;
     m.epoch = kv.epoch;
     m.first_block = l.first_block;
     m.blocks.assign(l.blocks.begin() + l.first_block, l.blocks.end());
     m.prompt = l.prompt;
-    m.deadline_unix_ms = unix_ms_after(l.deadline);
+    m.deadline_unix_ms = unix_now_ms() + std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                                   l.deadline - ctx_.now())
+                                                                   .count());
     m.logits_top = l.logits_top;
     // From here the producer may write into these blocks until it says otherwise.
-    l.producer_may_write = true;
-    l.quiet_at = l.deadline + ctx_.config.write_grace;
+    transition(l, LoadEvent::kAsked, "write requested from " + found->engine_id);
   }
-  auto reply = send_pd_message(ctx_.transfers, found->address, encode(m), ctx_.message_deadline(deadline));
+  auto reply = ctx_.port.send(found->address, encode(m), ctx_.message_deadline(deadline));
   std::lock_guard<std::mutex> lock(mu_);
   auto it = loads_.find(id);
   if (it == loads_.end()) return;
   Load& l = it->second;
   if (!reply) {
-    locator_.forget(source.prefill_url);
+    ctx_.port.forget_prefill(source.prefill_url);
     return fail(l, "asking the producer at " + found->address + " to write: " + reply.error().message);
   }
   if (!reply->ok) {
-    l.producer_may_write = false;
-    l.producer_told = true;
-    return fail(l, "the producer refused the write: " + reply->reason);
+    // The producer will not write. Whatever it may still hold for the
+    // request (its prefill may end later, after a sleep of its own), the
+    // cancel frees.
+    post_release(l.id, l.source, l.producer_address);
+    if (l.state == LoadState::kEnding) {
+      transition(l, LoadEvent::kQuiet, "the producer refused the write");
+      return;
+    }
+    transition(l, LoadEvent::kProducerEnded, "the producer refused the write: " + reply->reason);
+    if (l.state == LoadState::kFailed && l.waiter == Waiter::kWaiting) {
+      l.failure = reply->reason;
+      ctx_.metrics.load_failed();
+      SIESTA_LOG_WARN("pd: request {}: no remote KV (the producer refused the write: {}); it computes its prompt here",
+                      l.id, reply->reason);
+    }
+    ctx_.kick();
+    return;
   }
-  if (l.state == LoadState::kStarting) transition(l, LoadEvent::kAccepted, "the producer writes after its prefill");
+  if (l.state == LoadState::kAsked) transition(l, LoadEvent::kAccepted, "the producer writes after its prefill");
 }
 
 void Consumer::run_read_start(const RequestId& id) {
@@ -372,21 +400,15 @@ void Consumer::run_read_start(const RequestId& id) {
   start.first_block = first_block;
   start.blocks.assign(source.producer_blocks.begin() + first_block, source.producer_blocks.end());
   start.prompt = prompt;
-  auto reply = send_pd_message(ctx_.transfers, source.producer_address, encode(start), ctx_.message_deadline(deadline));
+  auto reply = ctx_.port.send(source.producer_address, encode(start), ctx_.message_deadline(deadline));
   if (!reply) return failed("asking the producer at " + source.producer_address + ": " + reply.error().message);
-  if (!reply->ok) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = loads_.find(id);
-      if (it != loads_.end()) it->second.producer_told = true;  // it holds nothing for us
-    }
-    return failed("the producer refused the read: " + reply->reason);
-  }
+  // A refusal: whatever the producer still holds for the request, the cancel that fail() sends frees it.
+  if (!reply->ok) return failed("the producer refused the read: " + reply->reason);
   auto epoch = reply_u64(*reply, "epoch");
   auto region_id = reply_u64(*reply, "region");
-  if (!epoch || !region_id) return failed("the producer's read_start answer: " + (epoch ? region_id.error() : epoch.error()).message);
-  auto meta = ensure_peer(ctx_.transfers, source.producer_engine, source.producer_address, *epoch,
-                          ctx_.message_deadline(deadline));
+  if (!epoch || !region_id)
+    return failed("the producer's read_start answer: " + (epoch ? region_id.error() : epoch.error()).message);
+  auto meta = ctx_.port.peer(source.producer_engine, source.producer_address, *epoch, ctx_.message_deadline(deadline));
   if (!meta) return failed(meta.error().message);
   auto region = peer_kv_region(*meta, *region_id);
   if (!region) return failed(region.error().message);
@@ -399,22 +421,24 @@ void Consumer::run_read_start(const RequestId& id) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = loads_.find(id);
     if (it == loads_.end() || it->second.state != LoadState::kStarting) return;
-    it->second.read_starting = true;
+    // From here our read may touch the blocks (READING, or ENDING if the load fails meanwhile).
+    transition(it->second, LoadEvent::kReadStarted);
   }
-  const Clock::time_point started = Clock::now();
-  auto xfer = ctx_.transfers.submit(source.producer_engine, transfer::XferOp::kRead, *entries, std::nullopt,
-                                    transfer::earlier(deadline, started + ctx_.config.transfer_timeout));
+  const Clock::time_point started = ctx_.now();
+  auto xfer = ctx_.port.submit(source.producer_engine, transfer::XferOp::kRead, *entries,
+                               std::min(deadline, started + ctx_.config.transfer_timeout));
   std::lock_guard<std::mutex> lock(mu_);
-  Load& l = loads_.at(id);  // kept while read_starting
-  l.read_starting = false;
+  Load& l = loads_.at(id);  // READING and ENDING loads are not forgotten
   if (!xfer) {
     ctx_.metrics.transfer_failed();
-    return fail(l, "reading from the producer: " + xfer.error().message);
+    if (l.state == LoadState::kReading) fail(l, "reading from the producer: " + xfer.error().message);
+    if (l.state == LoadState::kEnding) transition(l, LoadEvent::kQuiet, "no read was submitted");
+    return;
   }
   l.read = *xfer;
   l.read_started = started;
   l.bytes = static_cast<uint64_t>(num_blocks) * kv.block_bytes;
-  if (l.state == LoadState::kStarting) transition(l, LoadEvent::kReadStarted);
+  settle(l, ctx_.now());
   ctx_.kick();
 }
 
@@ -429,10 +453,9 @@ void Consumer::run_read_confirm(const RequestId& id) {
     source = it->second.source;
     deadline = it->second.deadline;
     logits_top = it->second.logits_top;
-    it->second.producer_told = true;  // read_done frees the producer's blocks
   }
-  auto reply = send_pd_message(ctx_.transfers, source.producer_address,
-                               encode(ReadDone{source.producer_request, logits_top}), ctx_.message_deadline(deadline));
+  auto reply = ctx_.port.send(source.producer_address, encode(ReadDone{source.producer_request, logits_top}),
+                              ctx_.message_deadline(deadline));
   std::lock_guard<std::mutex> lock(mu_);
   auto it = loads_.find(id);
   if (it == loads_.end() || it->second.state != LoadState::kConfirming) return;
@@ -445,35 +468,37 @@ void Consumer::run_read_confirm(const RequestId& id) {
     std::string why = "the producer's hold ended before the read did; the KV read is discarded";
     if (auto r = reply->body.find("reason"); r != reply->body.end() && r->is_string())
       why += " (" + r->get<std::string>() + ")";
-    return fail(l, why);
+    // read_done freed whatever the producer held: nothing to cancel.
+    transition(l, LoadEvent::kProducerEnded, why);
+    l.failure = why;
+    if (l.waiter == Waiter::kWaiting) {
+      ctx_.metrics.load_failed();
+      SIESTA_LOG_WARN("pd: request {}: no remote KV ({}); it computes its prompt here", l.id, why);
+    }
+    ctx_.kick();
+    return;
   }
   l.logits = reply->logits;
   transition(l, LoadEvent::kKvInPlace, "the producer's hold lasted the whole read");
-  ctx_.metrics.load_done(l.bytes, seconds_since(l.started));
+  ctx_.metrics.load_done(l.bytes, std::chrono::duration<double>(ctx_.now() - l.started).count());
   ctx_.kick();
 }
 
-void Consumer::post_release(const RequestId& id, const Source& source, bool consumed) {
+void Consumer::post_release(const RequestId& id, const Source& source, std::string producer_address, bool consumed) {
   PdContext* ctx = &ctx_;
-  ctx_.tasks.post([this, ctx, id, source, consumed] {
-    const Deadline deadline = Clock::now() + ctx->config.message_timeout;
+  ctx_.tasks.post([this, ctx, id, source, address = std::move(producer_address), consumed]() mutable {
+    const Deadline deadline = ctx->now() + ctx->config.message_timeout;
     if (source.mode == TransferMode::kRead) {
       // We never write into the producer: nothing to wait for in its answer.
       std::string payload = consumed ? encode(ReadDone{source.producer_request})
                                      : encode(CancelRequest{"", 0, source.producer_request});
-      auto r = send_pd_message(ctx->transfers, source.producer_address, std::move(payload), deadline);
+      auto r = ctx->port.send(source.producer_address, std::move(payload), deadline);
       if (!r) SIESTA_LOG_DEBUG("pd: releasing {} at {}: {}", source.producer_request, source.producer_address,
                                r.error().message);
       return;
     }
-    std::string address;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = loads_.find(id);
-      if (it != loads_.end()) address = it->second.producer_address;
-    }
     if (address.empty()) {
-      auto found = locator_.resolve(source.prefill_url, deadline);
+      auto found = ctx->port.resolve_prefill(source.prefill_url, deadline);
       if (!found) {
         SIESTA_LOG_DEBUG("pd: cancelling {} at {}: {}", source.x_request_id, source.prefill_url,
                          found.error().message);
@@ -484,79 +509,79 @@ void Consumer::post_release(const RequestId& id, const Source& source, bool cons
     CancelRequest cancel;
     cancel.x_request_id = source.x_request_id;
     cancel.choice = source.choice;
-    auto r = send_pd_message(ctx->transfers, address, encode(cancel), deadline);
+    auto r = ctx->port.send(address, encode(cancel), deadline);
     if (!r || !r->ok) {
-      SIESTA_LOG_DEBUG("pd: cancelling {} at {}: {}", source.x_request_id, address,
-                       r ? r->reason : r.error().message);
+      SIESTA_LOG_DEBUG("pd: cancelling {} at {}: {}", source.x_request_id, address, r ? r->reason : r.error().message);
       return;
     }
     auto writing = reply_bool(*r, "writing");
     if (!writing || *writing) return;  // its notification or load_failed will say when it ends
     std::lock_guard<std::mutex> lock(mu_);
     auto it = loads_.find(id);
-    if (it != loads_.end()) it->second.producer_may_write = false;
+    if (it != loads_.end() && it->second.state == LoadState::kEnding)
+      transition(it->second, LoadEvent::kQuiet, "the producer is not writing");
     ctx->kick();
   });
 }
 
-// ---- ticker and sleep -------------------------------------------------------------------
+// ---- ticker and release -------------------------------------------------------------------
 
 bool Consumer::tick(Clock::time_point now, std::optional<transfer::XferId>* wait_on) {
   bool busy = false;
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [id, l] : loads_) {
-    if (l.read && !l.read_final) {
-      transfer::XferStatus st = ctx_.transfers.poll(*l.read);
+    if (l.state == LoadState::kReading && l.read) {
+      transfer::XferStatus st = ctx_.port.poll(*l.read);
       if (st.pending()) {
         busy = true;
         if (wait_on && !*wait_on) *wait_on = *l.read;
+      } else if (st.done()) {
+        ctx_.metrics.transfer_done(l.bytes, std::chrono::duration<double>(st.finished_at - l.read_started).count(),
+                                   std::chrono::duration<double>(st.data_at - l.read_started).count());
+        transition(l, LoadEvent::kReadDone);
+        const RequestId rid = id;
+        ctx_.tasks.post([this, rid] { run_read_confirm(rid); });
       } else {
-        l.read_final = true;
-        if (st.done()) {
-          ctx_.metrics.transfer_done(l.bytes, std::chrono::duration<double>(st.finished_at - l.read_started).count(),
-                                     std::chrono::duration<double>(st.data_at - l.read_started).count());
-          if (l.state == LoadState::kReading) {
-            transition(l, LoadEvent::kReadDone);
-            const RequestId rid = id;
-            ctx_.tasks.post([this, rid] { run_read_confirm(rid); });
-          }
-        } else {
-          ctx_.metrics.transfer_failed();
-          fail(l, "reading from the producer: " + st.why.message);
-        }
+        ctx_.metrics.transfer_failed();
+        fail(l, "reading from the producer: " + st.why.message);
       }
     }
     if (!load_ended(l.state) && l.state != LoadState::kPending && now >= l.deadline)
       fail(l, fmt::format("no KV within load_timeout_s ({} s) in state {}",
                           std::chrono::duration<double>(ctx_.config.load_timeout).count(), load_state_name(l.state)));
-    if (l.read_starting) busy = true;
+    settle(l, now);
+    if (l.state == LoadState::kReading || (l.state == LoadState::kEnding && l.source.mode == TransferMode::kRead))
+      busy = true;
   }
   return busy;
 }
 
-Result<void> Consumer::end_all(Deadline deadline) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [id, l] : loads_)
-      if (l.state != LoadState::kPending) fail(l, "the KV cache is being released (sleep); the request recomputes");
+int32_t Consumer::end_all(const std::string& why) {
+  int32_t ended = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, l] : loads_) {
+    if (load_ended(l.state)) continue;
+    fail(l, why);
+    ++ended;
   }
-  for (;;) {
-    tick(Clock::now());
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      size_t busy = 0;
-      for (auto& [id, l] : loads_) busy += l.read_starting || (l.read && ctx_.transfers.in_flight(*l.read));
-      if (busy == 0) return {};
-      if (Clock::now() >= deadline)
-        return timeout(fmt::format("{} reads from prefill engines were still in flight at the deadline", busy));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  return ended;
 }
 
-void Consumer::peers_invalidated() {
+size_t Consumer::reads_in_flight() const {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [id, l] : loads_) l.producer_may_write = false;
+  size_t busy = 0;
+  for (const auto& [id, l] : loads_)
+    busy += l.state == LoadState::kReading || (l.state == LoadState::kEnding && l.source.mode == TransferMode::kRead);
+  return busy;
+}
+
+void Consumer::peers_invalidated(const std::vector<std::string>* acked) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, l] : loads_) {
+    if (l.state != LoadState::kEnding || l.source.mode != TransferMode::kWrite) continue;
+    if (acked && std::find(acked->begin(), acked->end(), l.source.producer_engine) == acked->end()) continue;
+    transition(l, LoadEvent::kQuiet, "the producer dropped our memory (INVALIDATE acknowledged)");
+  }
 }
 
 }  // namespace siesta::pd

@@ -4,29 +4,41 @@
 // blocks that a peer might still have written may be reused.
 //
 //   on_added(r)          engine loop: parse the params, a Load in PENDING
+//                        (none when the KV cache is not registered: the
+//                        request computes its prompt and the producer is
+//                        told to let go)
 //   start_load(id, t)    engine loop: the request's blocks; the first
 //                        num_cached_tokens / block_size come from the prefix
 //                        cache and are not transferred; a task starts the load
 //   on_skipped(id)       engine loop: no blocks; the request computes here
 //   on_aborted(id)       engine loop: the request ended; the producer is told
-//                        to let go; its blocks (load_hold_owner) are given back
-//                        once no transfer can touch them
+//                        to let go; its blocks (load_hold_owner) are given
+//                        back once nothing can touch them
 //   on_dropped(r)        engine loop: aborted before admission; the producer
 //                        is told to let go
-//   collect(updates)     engine loop: loads that ended, holds now safe to give back
+//   collect(updates)     engine loop: loads that ended (FinishedLoad), holds
+//                        now safe to give back
 //   on_load_failed(m)    side-channel thread: the producer will not write
 //   on_written(w)        notification thread: the producer's write landed
 //   tick(now)            ticker: deadlines, reads in flight
-//   end_all(deadline)    release_transfer_kv: every load fails (its request
-//                        recomputes after wake); waits for our reads
-//   peers_invalidated()  release_transfer_kv, after INVALIDATE: no peer can
-//                        write into our memory any more
+//   end_all()            release_transfer_kv: every load that has not ended
+//                        fails (its request recomputes; the producer is
+//                        told); the connector then ticks until
+//                        reads_in_flight() is 0
+//   peers_invalidated(a) release_transfer_kv, after INVALIDATE: the peers
+//                        that acknowledged cannot write into our memory any more
 //
-// A failed or late load never fails the request: it recomputes its prompt
-// here (0 computed tokens). "Quiet" blocks: a load's blocks are reused only
-// when no read of ours is in flight and no producer can still write them
-// (it refused, answered a cancel with writing: false, notified, said
-// load_failed, or the write request's deadline plus write_grace passed).
+// A load that fails or comes late never fails the request: it recomputes
+// its prompt here (0 computed tokens). Its blocks are reused only when
+// nothing can touch them (load_state.h: ENDING until Quiet).
+//
+// Whenever a load ends on our side (deadline, release, abort, an error) the
+// producer is told at once (cancel), so that it frees the blocks it holds
+// for us instead of keeping them until its hold deadline.
+//
+// Everything it does on the network goes through ctx.port (KvPort), its
+// blocking work through ctx.tasks, and every deadline is on ctx.now(), so a
+// test drives it with a fake (tests/unit/pd_core_test.cpp).
 //
 // Thread safety: every method may be called from any thread (one mutex).
 #pragma once
@@ -40,7 +52,6 @@
 #include "engine/engine_connector.h"
 #include "pd/load_state.h"
 #include "pd/pd_context.h"
-#include "pd/prefill_locator.h"
 
 namespace siesta::pd {
 
@@ -62,10 +73,17 @@ class Consumer {
   // wait_on: set to a transfer still in flight, if any (the ticker waits
   // for it to end rather than sleeping).
   bool tick(Clock::time_point now, std::optional<transfer::XferId>* wait_on = nullptr);
-  Result<void> end_all(Deadline deadline);
-  void peers_invalidated();
+  // Fails every load that has not ended (the request recomputes); returns how many.
+  int32_t end_all(const std::string& why);
+  // Loads whose read of ours may still touch our blocks.
+  size_t reads_in_flight() const;
+  // The peers in `acked` (every peer when null) dropped our memory: no write
+  // of theirs can land any more.
+  void peers_invalidated(const std::vector<std::string>* acked);
 
   size_t num_loads() const;
+  // The load of request `id`, while it is known (tests, logs).
+  std::optional<LoadState> state_of(const RequestId& id) const;
 
  private:
   // Where the KV comes from, from kv_transfer_params.
@@ -82,49 +100,52 @@ class Consumer {
     std::vector<BlockId> producer_blocks;
   };
 
+  // The request's side of a load: what the scheduler knows and holds.
+  enum class Waiter : uint8_t {
+    kWaiting,  // it waits for the load (WaitingForRemoteKv) and was not told how it ended
+    kTold,     // told (FinishedLoad) that the load ended; nothing held for the load
+    kHolds,    // the scheduler holds load_hold_owner(id) until the load is final (Quiet)
+    kGone,     // the request ended; nothing held
+  };
+
   struct Load {
     RequestId id;
     Source source;
     LoadState state = LoadState::kPending;
+    Waiter waiter = Waiter::kWaiting;
     std::string failure;
     PromptCheck prompt;
     std::vector<BlockId> blocks;
     int32_t first_block = 0;
     Clock::time_point started;
-    Deadline deadline;
-    std::string producer_address;   // WRITE: resolved from the URL
-    // Whether the producer may still write into our blocks (WRITE mode).
-    bool producer_may_write = false;
-    Deadline quiet_at;               // ... and when we stop assuming it may
-    bool read_starting = false;      // a task is between its snapshot and submit
-    std::optional<transfer::XferId> read;
-    bool read_final = false;
+    Deadline deadline;               // the load fails then
+    Deadline quiet_at;               // WRITE: no write of the producer's can start or run after it
+    std::string producer_address;    // WRITE: resolved from the URL
+    std::optional<transfer::XferId> read;  // READ: once submitted
     Clock::time_point read_started;
     uint64_t bytes = 0;
     LogitsRow logits;                // the producer's, of the prompt's last position
     int32_t logits_top = 0;          // how many of their best entries decide the first token (0: all)
-    bool aborted = false;            // the request ended while its blocks were held for the load
-    bool reported = false;           // the engine has its FinishedLoad
-    bool hold_pending = false;       // a load hold the scheduler made, not yet given back
-    bool producer_told = false;      // cancel / read_done sent (or being sent)
   };
 
   static Result<Source> parse_source(const nlohmann::json& params, TransferMode preferred);
-  // The one place a load changes state; logs and counts.
+  // The one place a load changes state; logs, and wakes the engine when the
+  // load ends or becomes final.
   void transition(Load& l, LoadEvent event, const std::string& detail = {});
+  // Our side gives up (Failed): counts it and tells the producer (cancel).
   void fail(Load& l, const std::string& why);
-  bool quiet(const Load& l, Clock::time_point now) const;
+  // An ENDING load whose blocks nothing can touch any more becomes FAILED.
+  void settle(Load& l, Clock::time_point now);
   // Tells the producer, on a task, that the consumer needs nothing more from
   // it: read_done when the KV was in place without a read (READ mode, the
-  // prefix cache held it all), cancel otherwise. A cancel's answer updates
-  // producer_may_write if the load is still known.
-  void post_release(const RequestId& id, const Source& source, bool consumed = false);
+  // prefix cache held it all), cancel otherwise. A cancel answered
+  // "writing: false" makes an ENDING load of `id` quiet.
+  void post_release(const RequestId& id, const Source& source, std::string producer_address, bool consumed = false);
   void run_write_start(const RequestId& id);
   void run_read_start(const RequestId& id);
   void run_read_confirm(const RequestId& id);
 
   PdContext& ctx_;
-  PrefillLocator locator_;
   mutable std::mutex mu_;
   std::unordered_map<RequestId, Load> loads_;
 };

@@ -4,26 +4,6 @@
 
 namespace siesta::pd {
 
-Result<transfer::EngineMeta> ensure_peer(transfer::TransferEngine& transfers, const std::string& engine_id,
-                                         const std::string& address, std::optional<uint64_t> epoch,
-                                         Deadline deadline) {
-  auto state = transfers.peer_state(engine_id);
-  auto meta = transfers.peer_meta(engine_id);
-  const bool usable = state && *state == transfer::PeerState::kReady && meta && (!epoch || meta->epoch.value == *epoch);
-  if (usable) return *meta;
-  auto connected = transfers.connect(address, deadline);
-  if (!connected) return connected.error().with_context(fmt::format("handshake with {} at {}", engine_id, address));
-  if (*connected != engine_id)
-    return unavailable(fmt::format("the side channel at {} serves engine {}, not {} (restarted?)", address, *connected,
-                                   engine_id));
-  SIESTA_ASSIGN_OR_RETURN(transfer::EngineMeta fresh, transfers.peer_meta(engine_id));
-  if (epoch && fresh.epoch.value != *epoch)
-    return conflict(fmt::format("engine {} is at epoch {}, and the request was made at its epoch {} (its KV cache "
-                                "was released and mapped again since)",
-                                engine_id, fresh.epoch.value, *epoch));
-  return fresh;
-}
-
 Result<transfer::RegionDesc> peer_kv_region(const transfer::EngineMeta& meta, std::optional<uint64_t> region) {
   if (region) {
     for (const transfer::RegionDesc& r : meta.regions)
@@ -34,12 +14,6 @@ Result<transfer::RegionDesc> peer_kv_region(const transfer::EngineMeta& meta, st
     return not_found(fmt::format("engine {} registers {} regions at epoch {}, expected its KV cache alone",
                                  meta.engine_id, meta.regions.size(), meta.epoch.value));
   return meta.regions.front();
-}
-
-Result<Reply> send_pd_message(transfer::TransferEngine& transfers, const std::string& address, std::string payload,
-                              Deadline deadline) {
-  SIESTA_ASSIGN_OR_RETURN(std::string answer, transfers.send_message(address, std::move(payload), deadline));
-  return decode_reply(answer);
 }
 
 void EndedRequests::add(const std::string& key, std::string why) {

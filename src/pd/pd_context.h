@@ -1,6 +1,6 @@
 // What the producer and consumer halves of SiestaConnector share: the
-// configuration, the transfer engine, the registered KV cache, the task
-// threads and the metrics; and ensure_peer(), the handshake both use.
+// configuration, the network (KvPort), the registered KV cache, the task
+// runner, the clock and the metrics.
 #pragma once
 
 #include <cstdint>
@@ -12,12 +12,12 @@
 #include <unordered_map>
 
 #include "common/status.h"
-#include "engine/scheduler.h"
+#include "pd/kv_port.h"
 #include "pd/pd_config.h"
 #include "pd/pd_messages.h"
 #include "pd/pd_metrics.h"
-#include "pd/task_queue.h"
-#include "transfer/transfer_engine.h"
+#include "transfer/engine_meta.h"
+#include "transfer/region.h"
 
 namespace siesta::pd {
 
@@ -59,36 +59,24 @@ class LocalKvState {
 
 struct PdContext {
   const PdConfig& config;
-  transfer::TransferEngine& transfers;
+  KvPort& port;
   LocalKvState& kv;
-  TaskQueue& tasks;
+  TaskRunner& tasks;
   PdMetrics& metrics;
+  PdClock now;
   // Wakes the connector's ticker (a transfer to poll, a deadline to watch).
   std::function<void()> kick;
-  // Tells the engine that poll() has news (a load ended); may be called with
-  // the producer's or consumer's lock held (it takes only the engine's inbox lock).
+  // Tells the engine that poll() has news (a load ended, a hold can go); may
+  // be called with the producer's or consumer's lock held (it takes only the
+  // engine's inbox lock).
   std::function<void()> progress;
 
-  Deadline message_deadline(Deadline limit) const {
-    return transfer::earlier(limit, Clock::now() + config.message_timeout);
-  }
+  Deadline message_deadline(Deadline limit) const { return std::min(limit, now() + config.message_timeout); }
 };
-
-// The peer's descriptor, handshaking first when we have none, it is not
-// ready, or it was made at another epoch than `epoch` (when given). Checks
-// that `address` serves `engine_id`.
-Result<transfer::EngineMeta> ensure_peer(transfer::TransferEngine& transfers, const std::string& engine_id,
-                                         const std::string& address, std::optional<uint64_t> epoch,
-                                         Deadline deadline);
 
 // The one region a siesta peer registers (its KV cache), checked against a
 // region id when given.
 Result<transfer::RegionDesc> peer_kv_region(const transfer::EngineMeta& meta, std::optional<uint64_t> region);
-
-// Sends a P/D message and decodes the reply. Transport failures are errors;
-// a refusal is a Reply with ok false.
-Result<Reply> send_pd_message(transfer::TransferEngine& transfers, const std::string& address, std::string payload,
-                              Deadline deadline);
 
 // A bounded record of requests whose sends or loads ended, and why, so that
 // a late message about one gets a precise answer. Not thread-safe.

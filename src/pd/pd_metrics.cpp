@@ -45,8 +45,11 @@ void PdMetrics::send_ended(SendEvent why) {
     case SendEvent::kExpired: ++m_.sends_expired; break;
     case SendEvent::kFailed: ++m_.sends_failed; break;
     case SendEvent::kAborted:
+    case SendEvent::kCancelled:
     case SendEvent::kReleased: ++m_.sends_aborted; break;
-    case SendEvent::kPrefilled: break;
+    case SendEvent::kPrefilled:
+    case SendEvent::kWriteStarted:
+    case SendEvent::kDrained: break;
   }
 }
 

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <thread>
 
 #include "common/log.h"
 #include "pd/kv_blocks.h"
@@ -19,12 +18,15 @@ bool flag(const nlohmann::json& params, const char* key) {
   return it != params.end() && it->is_boolean() && it->get<bool>();
 }
 
-// A wall-clock deadline from a peer, on our steady clock.
-Deadline steady_deadline(int64_t unix_ms) {
-  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                             std::chrono::system_clock::now().time_since_epoch())
-                             .count();
-  return Clock::now() + std::chrono::milliseconds(std::max<int64_t>(0, unix_ms - now_ms));
+int64_t unix_now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Whether the consumer that asked for a write must be told that none comes.
+bool tells_consumer(SendEvent end) {
+  return end == SendEvent::kFailed || end == SendEvent::kAborted || end == SendEvent::kExpired ||
+         end == SendEvent::kReleased;
 }
 
 }  // namespace
@@ -39,6 +41,13 @@ size_t Producer::num_sends() const {
   return sends_.size();
 }
 
+std::optional<SendState> Producer::state_of(const RequestId& id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sends_.find(id);
+  if (it == sends_.end()) return std::nullopt;
+  return it->second.state;
+}
+
 void Producer::transition(Send& s, SendEvent event, const std::string& detail) {
   auto next = next_send_state(s.state, event);
   if (!next) {
@@ -49,26 +58,38 @@ void Producer::transition(Send& s, SendEvent event, const std::string& detail) {
   s.state = *next;
   SIESTA_LOG_DEBUG("pd: send {} {} -> {} ({}){}{}", s.id, send_state_name(from), send_state_name(s.state),
                    send_event_name(event), detail.empty() ? "" : ": ", detail);
-  if (s.state != SendState::kDone) return;
-  s.end = event;
-  ctx_.metrics.send_ended(event);
-  std::string why = send_end_reason(event);
-  if (!detail.empty() && event != SendEvent::kSent) why += ": " + detail;
-  ended_ids_.add(s.id, why);
-  if (!s.key.empty()) {
-    ended_keys_.add(s.key, why);
-    by_key_.erase(s.key);
+  const bool ends = (s.state == SendState::kDone && from != SendState::kDraining) || s.state == SendState::kDraining;
+  if (ends) {
+    s.end = event;
+    s.end_detail = detail;
+    ctx_.metrics.send_ended(event);
+    std::string why = send_end_reason(event);
+    if (!detail.empty() && event != SendEvent::kSent) why += ": " + detail;
+    ended_ids_.add(s.id, why);
+    if (!s.key.empty()) {
+      ended_keys_.add(s.key, why);
+      if (auto by = by_key_.find(s.key); by != by_key_.end() && by->second == s.id) by_key_.erase(by);
+    }
   }
-  if (event != SendEvent::kSent && event != SendEvent::kPrefilled && s.target && !s.write)
-    post_load_failed(*s.target, "the producer's send of request " + s.id + " " + why);
+  // A consumer waiting for our write learns that none comes once nothing of
+  // ours can still write into its blocks: at DONE (after DRAINING for a write
+  // that failed while the backend still moved bytes).
+  if (s.state == SendState::kDone) {
+    if (s.target && tells_consumer(s.end))
+      post_load_failed(*s.target, "the producer's send of request " + s.id + " " + send_end_reason(s.end) +
+                                      (s.end_detail.empty() ? "" : ": " + s.end_detail));
+    ctx_.progress();  // its hold can go
+  }
 }
 
-bool Producer::write_busy(const Send& s) const {
-  return s.write_starting || (s.write && ctx_.transfers.in_flight(*s.write));
+void Producer::settle(Send& s) {
+  if (s.state != SendState::kDraining) return;
+  if (s.write && ctx_.port.in_flight(*s.write)) return;
+  transition(s, SendEvent::kDrained);
 }
 
 Producer::Target Producer::target_of(const WriteRequest& m) const {
-  return Target{m, steady_deadline(m.deadline_unix_ms)};
+  return Target{m, ctx_.now() + std::chrono::milliseconds(std::max<int64_t>(0, m.deadline_unix_ms - unix_now_ms()))};
 }
 
 std::string Producer::check_prompt(const Send& s, const PromptCheck& p, const LocalKv& kv) const {
@@ -89,8 +110,8 @@ ConnectorPlan Producer::on_added(const EngineRequest& r) {
   if (!flag(r.kv_transfer_params, "do_remote_decode")) return {};
   const LocalKv kv = ctx_.kv.get();
   if (!kv.registered) {
-    SIESTA_LOG_WARN("pd: request {} asks for remote decode, but the KV cache is not registered for transfers; it "
-                    "gets no kv_transfer_params",
+    SIESTA_LOG_WARN("pd: request {} asks for remote decode, but the KV cache is not registered for transfers; its "
+                    "answer names no blocks (the decode engine computes the prompt)",
                     r.id);
     return {};
   }
@@ -128,12 +149,12 @@ ConnectorPlan Producer::on_added(const EngineRequest& r) {
 }
 
 nlohmann::json Producer::params(const RequestId& id, const std::vector<BlockId>& blocks) const {
-  const std::string& address = ctx_.transfers.address();
+  const std::string& address = ctx_.port.address();
   const size_t colon = address.rfind(':');
   return nlohmann::json{
       {"do_remote_prefill", true},
       {"do_remote_decode", false},
-      {"remote_engine_id", ctx_.transfers.engine_id()},
+      {"remote_engine_id", ctx_.port.engine_id()},
       {"remote_block_ids", blocks},
       {"remote_host", address.substr(0, colon)},
       {"remote_port", std::stoi(address.substr(colon + 1))},
@@ -153,6 +174,7 @@ nlohmann::json Producer::on_finished(const EngineRequest& r, const RequestOutput
   auto it = sends_.find(r.id);
   if (it == sends_.end()) {
     if (!out.held_blocks.empty()) orphan_holds_.push_back(send_hold_owner(r.id));
+    if (!out.held_blocks.empty()) ctx_.progress();
     return params(r.id, none);
   }
   Send& s = it->second;
@@ -160,29 +182,31 @@ nlohmann::json Producer::on_finished(const EngineRequest& r, const RequestOutput
     transition(s, SendEvent::kFailed, "its blocks could not be held");
     return params(s.id, none);
   }
-  s.hold_taken = true;
-  if (!out.new_tokens.empty()) s.logits = out.new_tokens.front().logits;
-  const LocalKv kv = ctx_.kv.get();
-  // The prompt's blocks (a request that generated more than one token holds
-  // more; the reader needs the prompt's only).
-  s.blocks.assign(out.held_blocks.begin(),
-                  out.held_blocks.begin() + std::min<size_t>(out.held_blocks.size(), kv.blocks_for(s.num_tokens)));
-  if (s.cancelled) {
-    transition(s, SendEvent::kAborted, "the decode engine cancelled it during prefill");
+  s.hold = true;
+  if (s.state != SendState::kWaiting) {
+    // Ended while it prefilled (the consumer cancelled, the request was
+    // aborted): its hold goes at the next collect.
+    ctx_.progress();
     return params(s.id, none);
   }
+  if (!out.new_tokens.empty()) s.logits = out.new_tokens.front().logits;
+  const LocalKv kv = ctx_.kv.get();
   if (!kv.registered) {
     transition(s, SendEvent::kReleased, "the KV cache was released during prefill");
     return params(s.id, none);
   }
+  // The prompt's blocks (a request that generated more than one token holds
+  // more; the reader needs the prompt's only).
+  s.blocks.assign(out.held_blocks.begin(),
+                  out.held_blocks.begin() + std::min<size_t>(out.held_blocks.size(), kv.blocks_for(s.num_tokens)));
   if (static_cast<int32_t>(s.blocks.size()) != kv.blocks_for(s.num_tokens)) {
     transition(s, SendEvent::kFailed,
                fmt::format("{} blocks held for a prompt of {} tokens", s.blocks.size(), s.num_tokens));
     return params(s.id, none);
   }
   transition(s, SendEvent::kPrefilled);
-  s.hold_deadline = Clock::now() + ctx_.config.hold_timeout;
-  if (s.target) post_write(s.id);
+  s.hold_deadline = ctx_.now() + ctx_.config.hold_timeout;
+  if (s.target) start_write(s);
   ctx_.kick();
   return params(s.id, s.blocks);
 }
@@ -201,13 +225,13 @@ void Producer::collect(ConnectorUpdates& updates) {
   orphan_holds_.clear();
   for (auto it = sends_.begin(); it != sends_.end();) {
     Send& s = it->second;
-    if (s.state != SendState::kDone || write_busy(s)) {
+    settle(s);
+    if (s.state != SendState::kDone) {
       ++it;
       continue;
     }
-    if (s.hold_taken) updates.releasable_holds.push_back(send_hold_owner(s.id));
-    SIESTA_LOG_DEBUG("pd: send {} forgotten ({}hold given back)", s.id, s.hold_taken ? "" : "no ");
-    if (!s.key.empty() && by_key_.count(s.key) && by_key_[s.key] == s.id) by_key_.erase(s.key);
+    if (s.hold) updates.releasable_holds.push_back(send_hold_owner(s.id));
+    SIESTA_LOG_DEBUG("pd: send {} forgotten ({}hold given back)", s.id, s.hold ? "" : "no ");
     it = sends_.erase(it);
   }
 }
@@ -237,11 +261,12 @@ std::string Producer::on_write(const WriteRequest& m) {
     return encode_ok();
   }
   Send& s = sends_.at(by->second);
-  if (s.state == SendState::kDone) return encode_refusal("request " + s.id + " " + *ended_ids_.find(s.id));
+  if (s.state == SendState::kDone || s.state == SendState::kDraining)
+    return encode_refusal("request " + s.id + " " + *ended_ids_.find(s.id));
   if (s.target) return encode_refusal("request " + s.id + " already has a write target");
   if (std::string bad = check_prompt(s, m.prompt, kv); !bad.empty()) return encode_refusal(bad);
   s.target = target_of(m);
-  if (s.state == SendState::kReady) post_write(s.id);
+  if (s.state == SendState::kReady) start_write(s);
   return encode_ok();
 }
 
@@ -266,17 +291,18 @@ std::string Producer::on_cancel(const CancelRequest& m) {
   }
   switch (s->state) {
     case SendState::kWaiting:
-      s->cancelled = true;
-      s->target.reset();
-      return encode_ok({{"writing", false}});
     case SendState::kReady:
-      if (write_busy(*s)) return encode_ok({{"writing", true}});
-      s->target.reset();  // the consumer knows: no load_failed for it
-      transition(*s, SendEvent::kAborted, "cancelled by the consumer");
+      transition(*s, SendEvent::kCancelled, "by the consumer");
       ctx_.kick();
       return encode_ok({{"writing", false}});
+    case SendState::kWriting:
+      // Our write is starting or in flight: its notification (or a
+      // load_failed once nothing of ours touches the consumer's blocks) follows.
+      return encode_ok({{"writing", true}});
+    case SendState::kDraining:
+      return encode_ok({{"writing", true}});
     case SendState::kDone:
-      return encode_ok({{"writing", write_busy(*s)}});
+      return encode_ok({{"writing", false}});
   }
   return encode_ok({{"writing", false}});
 }
@@ -291,16 +317,20 @@ std::string Producer::on_read_start(const ReadStart& m) {
     return encode_refusal("request " + m.producer_request + " is not held by this producer (unknown, or ended long ago)");
   }
   Send& s = it->second;
-  if (s.state == SendState::kDone) return encode_refusal("request " + s.id + " " + *ended_ids_.find(s.id));
   if (s.state == SendState::kWaiting) return encode_refusal("request " + s.id + " has not finished its prefill yet");
+  if (s.state != SendState::kReady) {
+    const std::string* why = ended_ids_.find(s.id);
+    return encode_refusal("request " + s.id + " " + (why ? *why : std::string("is being written to another engine")));
+  }
   if (!kv.registered) return encode_refusal("the producer's KV cache is not registered (it is asleep)");
   if (std::string bad = check_prompt(s, m.prompt, kv); !bad.empty()) return encode_refusal(bad);
   if (m.first_block < 0 || static_cast<size_t>(m.first_block) + m.blocks.size() != s.blocks.size() ||
       !std::equal(m.blocks.begin(), m.blocks.end(), s.blocks.begin() + m.first_block))
     return encode_refusal(fmt::format("the read names other blocks than request {} holds (from prompt block {}: {} "
                                       "named, {} held); its kv_transfer_params were changed on the way",
-                                      s.id, m.first_block, m.blocks.size(), s.blocks.size() - std::min<size_t>(s.blocks.size(), m.first_block)));
-  const auto lease = std::chrono::duration_cast<std::chrono::milliseconds>(s.hold_deadline - Clock::now());
+                                      s.id, m.first_block, m.blocks.size(),
+                                      s.blocks.size() - std::min<size_t>(s.blocks.size(), m.first_block)));
+  const auto lease = std::chrono::duration_cast<std::chrono::milliseconds>(s.hold_deadline - ctx_.now());
   return encode_ok({{"region", std::to_string(kv.region.value)},
                     {"epoch", std::to_string(kv.epoch)},
                     {"lease_ms", std::max<int64_t>(0, lease.count())}});
@@ -327,10 +357,10 @@ std::string Producer::on_read_done(const ReadDone& m) {
 
 // ---- writes (WRITE mode) --------------------------------------------------------------
 
-void Producer::post_write(const RequestId& id) {
-  Send& s = sends_.at(id);
-  if (s.write_starting || s.write) return;
-  s.write_starting = true;
+void Producer::start_write(Send& s) {
+  if (s.state != SendState::kReady || !s.target) return;
+  transition(s, SendEvent::kWriteStarted);
+  const RequestId id = s.id;
   ctx_.tasks.post([this, id] { run_write(id); });
 }
 
@@ -341,12 +371,8 @@ void Producer::run_write(const RequestId& id) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = sends_.find(id);
-    if (it == sends_.end()) return;
-    Send& s = it->second;
-    if (s.state != SendState::kReady || !s.target) {
-      s.write_starting = false;
-      return;
-    }
+    if (it == sends_.end() || it->second.state != SendState::kWriting || it->second.write) return;
+    const Send& s = it->second;
     target = *s.target;
     blocks = s.blocks;
     logits = s.logits;
@@ -354,13 +380,12 @@ void Producer::run_write(const RequestId& id) {
   const WriteRequest& m = target.request;
   const LocalKv kv = ctx_.kv.get();
   if (!kv.registered) return fail_write(id, "the producer's KV cache is not registered");
-  if (Clock::now() >= target.deadline) return fail_write(id, "the consumer's deadline passed before the prefill ended");
+  if (ctx_.now() >= target.deadline) return fail_write(id, "the consumer's deadline passed before the prefill ended");
   if (static_cast<size_t>(m.first_block) + m.blocks.size() != blocks.size())
     return fail_write(id, fmt::format("the consumer asked for blocks [{}, {}) and the request has {}", m.first_block,
                                       m.first_block + m.blocks.size(), blocks.size()));
-  const Deadline deadline = transfer::earlier(target.deadline, Clock::now() + ctx_.config.transfer_timeout);
-  auto meta = ensure_peer(ctx_.transfers, m.consumer_engine, m.consumer_address, m.epoch,
-                          ctx_.message_deadline(deadline));
+  const Deadline deadline = std::min(target.deadline, ctx_.now() + ctx_.config.transfer_timeout);
+  auto meta = ctx_.port.peer(m.consumer_engine, m.consumer_address, m.epoch, ctx_.message_deadline(deadline));
   if (!meta) return fail_write(id, meta.error().message);
   auto region = peer_kv_region(*meta, m.region);
   if (!region) return fail_write(id, region.error().message);
@@ -370,19 +395,14 @@ void Producer::run_write(const RequestId& id) {
   const uint64_t bytes = static_cast<uint64_t>(m.blocks.size()) * kv.block_bytes;
   const Clock::time_point started = Clock::now();
   // The notification (with the logits) is encoded while the bytes move.
-  auto xfer = ctx_.transfers.submit_notify_later(m.consumer_engine, transfer::XferOp::kWrite, *entries, deadline);
+  auto xfer = ctx_.port.submit_notify_later(m.consumer_engine, *entries, deadline);
   if (!xfer) return fail_write(id, xfer.error().message);
-  const Clock::time_point submitted = Clock::now();
-  if (auto set = ctx_.transfers.set_notification(*xfer, encode(Written{m.consumer_request, bytes, logits, m.logits_top}));
+  if (auto set = ctx_.port.set_notification(*xfer, encode(Written{m.consumer_request, bytes, logits, m.logits_top}));
       !set)
     SIESTA_LOG_DEBUG("pd: write of request {}: its notification was not set: {}", id, set.error().message);
-  SIESTA_LOG_DEBUG("pd: write of request {}: submitted in {} us, notification encoded in {} us", id,
-                   std::chrono::duration_cast<std::chrono::microseconds>(submitted - started).count(),
-                   std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - submitted).count());
   {
     std::lock_guard<std::mutex> lock(mu_);
-    Send& s = sends_.at(id);  // kept while write_starting
-    s.write_starting = false;
+    Send& s = sends_.at(id);  // WRITING sends are not forgotten
     s.write = *xfer;
     s.write_started = started;
     s.write_bytes = bytes;
@@ -396,14 +416,10 @@ void Producer::fail_write(const RequestId& id, const std::string& why) {
   auto it = sends_.find(id);
   if (it == sends_.end()) return;
   Send& s = it->second;
-  s.write_starting = false;
   SIESTA_LOG_WARN("pd: write of request {} to {} failed: {}", id, s.target ? s.target->request.consumer_engine : "?",
                   why);
-  if (s.state != SendState::kDone) {
-    transition(s, SendEvent::kFailed, why);  // tells the consumer (no write in flight)
-  } else if (s.target) {
-    post_load_failed(*s.target, "the write failed: " + why);
-  }
+  transition(s, SendEvent::kFailed, why);  // DRAINING: nothing was submitted, so DONE at once
+  settle(s);
   ctx_.kick();
 }
 
@@ -411,14 +427,14 @@ void Producer::post_load_failed(const Target& target, const std::string& why) {
   const WriteRequest m = target.request;
   PdContext* ctx = &ctx_;
   ctx_.tasks.post([ctx, m, why] {
-    auto r = send_pd_message(ctx->transfers, m.consumer_address, encode(LoadFailed{m.consumer_request, why}),
-                             Clock::now() + ctx->config.message_timeout);
+    auto r = ctx->port.send(m.consumer_address, encode(LoadFailed{m.consumer_request, why}),
+                            ctx->now() + ctx->config.message_timeout);
     if (!r) SIESTA_LOG_DEBUG("pd: telling {} that {} will not be written: {}", m.consumer_engine, m.consumer_request,
                              r.error().message);
   });
 }
 
-// ---- ticker and sleep -------------------------------------------------------------------
+// ---- ticker and release -------------------------------------------------------------------
 
 bool Producer::tick(Clock::time_point now, std::optional<transfer::XferId>* wait_on) {
   bool busy = false;
@@ -430,14 +446,13 @@ bool Producer::tick(Clock::time_point now, std::optional<transfer::XferId>* wait
       ++it;
   }
   for (auto& [id, s] : sends_) {
-    if (s.write && !s.write_final) {
-      transfer::XferStatus st = ctx_.transfers.poll(*s.write);
+    if (s.state == SendState::kWriting && s.write) {
+      transfer::XferStatus st = ctx_.port.poll(*s.write);
       if (st.pending()) {
         busy = true;
         if (wait_on && !*wait_on) *wait_on = *s.write;
         continue;
       }
-      s.write_final = true;
       if (st.done()) {
         ctx_.metrics.transfer_done(s.write_bytes, std::chrono::duration<double>(st.finished_at - s.write_started).count(),
                                    std::chrono::duration<double>(st.data_at - s.write_started).count());
@@ -446,36 +461,34 @@ bool Producer::tick(Clock::time_point now, std::optional<transfer::XferId>* wait
         ctx_.metrics.transfer_failed();
         SIESTA_LOG_WARN("pd: write of request {} to {} failed: {}", id, s.target->request.consumer_engine,
                         st.why.message);
-        if (s.state != SendState::kDone) transition(s, SendEvent::kFailed, st.why.message);
-        post_load_failed(*s.target, "the write failed: " + st.why.message);
+        transition(s, SendEvent::kFailed, st.why.message);
       }
     }
-    if (s.state == SendState::kReady && now >= s.hold_deadline && !write_busy(s))
+    settle(s);
+    if (s.state == SendState::kReady && now >= s.hold_deadline)
       transition(s, SendEvent::kExpired,
                  fmt::format("no reader within {} s", std::chrono::duration<double>(ctx_.config.hold_timeout).count()));
-    if (s.write_starting || (s.write && !s.write_final)) busy = true;
+    if (s.state == SendState::kWriting || s.state == SendState::kDraining) busy = true;
   }
   return busy;
 }
 
-Result<void> Producer::end_all(Deadline deadline) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [id, s] : sends_)
-      if (s.state == SendState::kReady) transition(s, SendEvent::kReleased);
+int32_t Producer::end_all() {
+  int32_t ended = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, s] : sends_) {
+    if (s.state != SendState::kReady) continue;
+    transition(s, SendEvent::kReleased);
+    ++ended;
   }
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      size_t busy = 0;
-      for (auto& [id, s] : sends_) busy += write_busy(s);
-      if (busy == 0) return {};
-      if (Clock::now() >= deadline)
-        return timeout(fmt::format("{} writes to decode engines were still in flight at the deadline", busy));
-    }
-    tick(Clock::now());
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  return ended;
+}
+
+size_t Producer::writes_in_flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t busy = 0;
+  for (const auto& [id, s] : sends_) busy += s.state == SendState::kWriting || s.state == SendState::kDraining;
+  return busy;
 }
 
 }  // namespace siesta::pd

@@ -9,23 +9,29 @@
 //                        (with no blocks when none are held: the prefill
 //                        itself succeeded, and the reader computes the prompt)
 //   on_aborted(id)       engine loop: a WAITING send ends (aborted)
-//   collect(updates)     engine loop: holds of DONE sends that no write of
-//                        ours reads any more
+//   collect(updates)     engine loop: the holds of DONE sends (their blocks
+//                        go back to the pool); the sends are forgotten
 //   on_write / on_cancel / on_read_start / on_read_done
 //                        side-channel threads: the consumer's messages,
 //                        answered at once (a refusal names why)
 //   tick(now)            ticker thread: hold deadlines, writes in flight
-//   end_all(deadline)    release_transfer_kv: every READY send ends
-//                        (released: its blocks go with the KV cache); waits
-//                        for our writes in flight. WAITING sends stay: their
-//                        requests recompute after wake and hold new blocks.
+//   end_all()            release_transfer_kv: every READY send ends
+//                        (released; a consumer that asked for a write is
+//                        told); the connector then ticks until
+//                        writes_in_flight() is 0 (no write of ours reads our
+//                        blocks). WAITING sends stay: their requests
+//                        recompute and hold new blocks.
 //
 // WRITE mode: the consumer's `write` names (x_request_id, choice), may come
 // before the request does (it is parked until then), and the write starts
-// once the send is READY (on a task thread: handshake, then submit with a
+// once the send is READY (a task: handshake, then submit with a
 // notification). READ mode: `read_start` and `read_done` name the request id
 // that kv_transfer_params gave; read_done answers whether the send was still
 // READY, i.e. whether the hold lasted the whole read.
+//
+// Everything it does on the network goes through ctx.port (KvPort), its
+// blocking work through ctx.tasks, and every deadline is on ctx.now(), so a
+// test drives it with a fake (tests/unit/pd_core_test.cpp).
 //
 // Thread safety: every method may be called from any thread (one mutex).
 #pragma once
@@ -62,9 +68,14 @@ class Producer {
   // wait_on: set to a transfer still in flight, if any (the ticker waits
   // for it to end rather than sleeping).
   bool tick(Clock::time_point now, std::optional<transfer::XferId>* wait_on = nullptr);
-  Result<void> end_all(Deadline deadline);
+  // Ends every READY send (released); returns how many.
+  int32_t end_all();
+  // Sends WRITING or DRAINING: a write of ours may still read our blocks.
+  size_t writes_in_flight() const;
 
   size_t num_sends() const;
+  // The send of request `id`, while it is known (tests, logs).
+  std::optional<SendState> state_of(const RequestId& id) const;
 
  private:
   struct Target {
@@ -76,18 +87,18 @@ class Producer {
     RequestId id;
     std::string key;  // x_request_id + choice (empty without an X-Request-Id)
     SendState state = SendState::kWaiting;
-    SendEvent end = SendEvent::kPrefilled;  // why it is DONE
+    SendEvent end = SendEvent::kPrefilled;  // why it ended (DRAINING, DONE)
+    std::string end_detail;
     int32_t num_tokens = 0;
     uint64_t prompt_hash = 0;
-    std::vector<BlockId> blocks;
+    // The scheduler holds send_hold_owner(id) (the request finished with its
+    // blocks held): given back when the send is DONE.
+    bool hold = false;
+    std::vector<BlockId> blocks;   // the prompt's blocks, while the hold lasts
     LogitsRow logits;              // of the prompt's last position, for the consumer's first token
-    bool hold_taken = false;       // the scheduler holds send_hold_owner(id)
-    bool cancelled = false;        // the consumer gave up while it was WAITING
     Deadline hold_deadline;
     std::optional<Target> target;
-    bool write_starting = false;   // a task is between its snapshot and submit
-    std::optional<transfer::XferId> write;
-    bool write_final = false;      // poll() reported its end
+    std::optional<transfer::XferId> write;  // WRITING / DRAINING, once submitted
     Clock::time_point write_started;
     uint64_t write_bytes = 0;
   };
@@ -95,10 +106,12 @@ class Producer {
   static std::string key_of(const std::string& x_request_id, int32_t choice);
   // vLLM's answer to do_remote_decode, naming `blocks` (none: compute the prompt).
   nlohmann::json params(const RequestId& id, const std::vector<BlockId>& blocks) const;
-  // The one place a send changes state; logs, counts, and records why it ended.
+  // The one place a send changes state; logs, counts, records why it ended,
+  // and tells a waiting consumer when the send ends without its write.
   void transition(Send& s, SendEvent event, const std::string& detail = {});
-  bool write_busy(const Send& s) const;
-  void post_write(const RequestId& id);
+  // A DRAINING send whose write no longer touches our blocks becomes DONE.
+  void settle(Send& s);
+  void start_write(Send& s);
   void run_write(const RequestId& id);
   void fail_write(const RequestId& id, const std::string& why);
   // Tells the consumer of `target` that no write will come (best effort).

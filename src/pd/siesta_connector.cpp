@@ -48,8 +48,9 @@ Result<std::unique_ptr<SiestaConnector>> SiestaConnector::create(const PdConfig&
 SiestaConnector::SiestaConnector(PdConfig config, std::unique_ptr<transfer::TransferEngine> transfers)
     : config_(std::move(config)), transfers_(std::move(transfers)) {
   tasks_ = std::make_unique<TaskQueue>(config_.worker_threads, "pd tasks");
-  ctx_ = std::unique_ptr<PdContext>(new PdContext{config_, *transfers_, kv_, *tasks_, metrics_, [this] { kick(); },
-                                                  [this] { report_progress(); }});
+  port_ = make_transfer_kv_port(*transfers_);
+  ctx_ = std::unique_ptr<PdContext>(new PdContext{config_, *port_, kv_, *tasks_, metrics_, [] { return Clock::now(); },
+                                                  [this] { kick(); }, [this] { report_progress(); }});
   producer_ = std::make_unique<Producer>(*ctx_);
   consumer_ = std::make_unique<Consumer>(*ctx_);
   transfers_->set_message_handler([this](const transfer::PeerMessage& m) { return on_message(m); });
@@ -79,6 +80,18 @@ nlohmann::json SiestaConnector::info() const {
                         {"backend", config_.backend},
                         {"kv_role", kv_role_name(config_.role)},
                         {"mode", transfer_mode_name(config_.mode)}};
+}
+
+KvTransferMetrics SiestaConnector::metrics() const {
+  KvTransferMetrics m = metrics_.snapshot();
+  const transfer::TransferStats t = transfers_->stats();
+  m.invalidations_sent = t.invalidations_sent;
+  m.invalidation_acks = t.invalidation_acks;
+  m.invalidations_unanswered = t.invalidations_unanswered;
+  m.invalidations_received = t.invalidations_received;
+  m.peer_handshakes = t.handshakes;
+  m.epoch = t.epoch;
+  return m;
 }
 
 void SiestaConnector::set_progress_callback(std::function<void()> progress) {
@@ -222,39 +235,78 @@ void SiestaConnector::on_request_dropped(const EngineRequest& request) {
   if (config_.consumes()) consumer_->on_dropped(request);
 }
 
-Result<void> SiestaConnector::release_transfer_kv(Deadline deadline) {
+Result<void> SiestaConnector::drain_own_transfers(Deadline deadline) {
+  for (;;) {
+    const auto now = Clock::now();
+    producer_->tick(now);
+    consumer_->tick(now);
+    const size_t writes = producer_->writes_in_flight();
+    const size_t reads = consumer_->reads_in_flight();
+    if (writes == 0 && reads == 0) return {};
+    if (now >= deadline)
+      return timeout(fmt::format("{} writes to decode engines and {} reads from prefill engines still touched this "
+                                 "engine's KV blocks at the deadline",
+                                 writes, reads));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+Result<KvReleaseReport> SiestaConnector::release_transfer_kv(KvReleaseScope scope, Deadline deadline) {
   const LocalKv kv = kv_.get();
+  KvReleaseReport report;
   // From here no request is offered for transfers and no message is served
   // from the KV cache.
   LocalKv closed = kv;
   closed.registered = false;
   kv_.set(closed);
-  auto restore = [&](const Status& why) -> Result<void> {
+  const char* why = scope == KvReleaseScope::kMemory
+                        ? "the KV cache is being released (sleep); the request recomputes"
+                        : "the KV cache is being reset; the request recomputes";
+  report.loads_ended = consumer_->end_all(why);
+  report.sends_ended = producer_->end_all();
+  if (auto ok = drain_own_transfers(deadline); !ok) {
     kv_.set(kv);
-    return why;
-  };
-  if (auto ok = consumer_->end_all(deadline); !ok) return restore(ok.error());
-  if (auto ok = producer_->end_all(deadline); !ok) return restore(ok.error());
-  if (!kv.registered) return {};
+    return ok.error();
+  }
+  if (scope == KvReleaseScope::kReset || !kv.registered) {
+    // The memory stays: the loads we ended become quiet as their producers
+    // answer our cancels; the engine waits for their blocks.
+    kv_.set(kv);
+    if (report.loads_ended + report.sends_ended > 0)
+      SIESTA_LOG_INFO("pd: KV transfers ended for a reset of the KV cache ({} loads, {} sends)", report.loads_ended,
+                      report.sends_ended);
+    return report;
+  }
   // Peers that imported our memory drop it (each ACK says so); a peer that
-  // does not answer is skipped: ours is deregistered next, so whatever it
-  // kept names memory we no longer use.
-  transfer::InvalidateReport report = transfers_->invalidate_peers(deadline);
-  for (size_t i = 0; i < report.unanswered.size(); ++i)
+  // does not answer within a message timeout is skipped: ours is deregistered
+  // next, so whatever it kept names memory we no longer use.
+  transfer::InvalidateReport inv =
+      transfers_->invalidate_peers(std::min(deadline, Clock::now() + config_.message_timeout));
+  for (const std::string& id : inv.acked) report.invalidated.push_back(id);
+  for (const transfer::MetaFetcher& f : inv.unanswered) report.invalidated.push_back(f.engine_id);
+  report.acked = inv.acked;
+  for (size_t i = 0; i < inv.unanswered.size(); ++i) {
+    report.unanswered.push_back(inv.unanswered[i].engine_id);
     SIESTA_LOG_WARN("pd: peer {} at {} did not acknowledge INVALIDATE ({}); releasing the KV cache anyway",
-                    report.unanswered[i].engine_id, report.unanswered[i].address, report.why_unanswered[i].message);
-  consumer_->peers_invalidated();
+                    inv.unanswered[i].engine_id, inv.unanswered[i].address, inv.why_unanswered[i].message);
+  }
+  consumer_->peers_invalidated(nullptr);
   for (;;) {
     auto ok = transfers_->deregister_region(kv.region);
     if (ok) break;
-    if (ok.error().code != ErrorCode::kConflict || Clock::now() >= deadline)
-      return restore(ok.error().with_context("deregistering the KV cache"));
+    if (ok.error().code != ErrorCode::kConflict || Clock::now() >= deadline) {
+      kv_.set(kv);
+      return ok.error().with_context("deregistering the KV cache");
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   kv_.set(LocalKv{});
-  SIESTA_LOG_INFO("pd: KV cache deregistered for release ({} peers invalidated, {} unanswered)", report.acked.size(),
+  report.deregistered = true;
+  SIESTA_LOG_INFO("pd: KV cache deregistered for release ({} loads and {} sends ended; {} peers invalidated, {} "
+                  "acknowledged, {} unanswered)",
+                  report.loads_ended, report.sends_ended, report.invalidated.size(), report.acked.size(),
                   report.unanswered.size());
-  return {};
+  return report;
 }
 
 }  // namespace siesta::pd

@@ -32,9 +32,12 @@
 
 #include "engine/engine_connector.h"
 #include "pd/consumer.h"
+#include "pd/kv_port.h"
 #include "pd/pd_config.h"
 #include "pd/pd_context.h"
 #include "pd/producer.h"
+#include "pd/task_queue.h"
+#include "transfer/transfer_engine.h"
 
 namespace siesta::pd {
 
@@ -63,8 +66,8 @@ class SiestaConnector final : public KvConnector {
   nlohmann::json on_request_finished(const EngineRequest& request, const RequestOutput& output) override;
   void on_request_aborted(const RequestId& id) override;
   void on_request_dropped(const EngineRequest& request) override;
-  Result<void> release_transfer_kv(Deadline deadline) override;
-  KvTransferMetrics metrics() const override { return metrics_.snapshot(); }
+  Result<KvReleaseReport> release_transfer_kv(KvReleaseScope scope, Deadline deadline) override;
+  KvTransferMetrics metrics() const override;
   void set_progress_callback(std::function<void()> progress) override;
 
  private:
@@ -76,8 +79,12 @@ class SiestaConnector final : public KvConnector {
   void kick();
   void report_progress();
 
+  // Waits, ticking both halves, until no transfer of ours touches our blocks.
+  Result<void> drain_own_transfers(Deadline deadline);
+
   PdConfig config_;
   std::unique_ptr<transfer::TransferEngine> transfers_;
+  std::unique_ptr<KvPort> port_;
   LocalKvState kv_;
   PdMetrics metrics_;
   std::unique_ptr<TaskQueue> tasks_;

@@ -15,17 +15,19 @@
 #include <thread>
 #include <vector>
 
+#include "pd/kv_port.h"
+
 namespace siesta::pd {
 
-class TaskQueue {
+class TaskQueue final : public TaskRunner {
  public:
   TaskQueue(int threads, std::string name);
-  ~TaskQueue();
+  ~TaskQueue() override;
   TaskQueue(const TaskQueue&) = delete;
   TaskQueue& operator=(const TaskQueue&) = delete;
 
   // Ignored after stop().
-  void post(std::function<void()> task);
+  void post(std::function<void()> task) override;
   void stop();
 
  private:

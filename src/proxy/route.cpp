@@ -191,8 +191,10 @@ void serve_generate(const RouteContext& ctx, Endpoint endpoint, const httplib::R
     }
     return prefill_failed(p_head ? p_body.error().message : p_head.error().message);
   }
-  if (p_head->status >= 400 && p_head->status < 500) {
-    // The instance refused the request itself (bad input): the client's error, passed on.
+  if ((p_head->status >= 400 && p_head->status < 500) || p_head->status == 503) {
+    // The instance refused the request itself (bad input), or said it cannot
+    // serve it now (503: aborted by a pause, held too long while asleep): its
+    // answer, passed on; the instance stays up.
     if (decode_leg) decode_leg->cancel();
     ctx.metrics->count_prefill_failure();
     res.status = p_head->status;
@@ -228,7 +230,7 @@ void serve_generate(const RouteContext& ctx, Endpoint endpoint, const httplib::R
       if (ended_by_watch()) return;
       return decode_failed(d_body.error());
     }
-    if (d_head->status >= 500) {
+    if (d_head->status >= 500 && d_head->status != 503) {
       ctx.decode->record_failure(d->index, "answered HTTP " + std::to_string(d_head->status));
       ctx.metrics->count_decode_failure();
     }

@@ -36,6 +36,12 @@ nlohmann::json status_json(const EngineStatus& s) {
                       {"seconds", s.call.seconds}};
   call["weights_loaded_from"] =
       s.call.weights_loaded_from.empty() ? nlohmann::json() : nlohmann::json(s.call.weights_loaded_from);
+  if (s.call.kv_transfer) {
+    const KvReleaseReport& kv = *s.call.kv_transfer;
+    call["kv_transfer"] = {{"loads_ended", kv.loads_ended},   {"sends_ended", kv.sends_ended},
+                           {"invalidated", kv.invalidated},   {"acked", kv.acked},
+                           {"unanswered", kv.unanswered},     {"deregistered", kv.deregistered}};
+  }
   return {{"state", engine_state_name(s.state)},
           {"is_sleeping", engine_is_sleeping(s.state)},
           {"is_paused", engine_is_paused(s.state)},
@@ -229,9 +235,7 @@ void add_admin_routes(httplib::Server& s, ServerContext& ctx) {
     if (!clear_cache) return fail(res, clear_cache.error());
     auto deadline = deadline_param(req);
     if (!deadline) return fail(res, deadline.error());
-    Result<EngineStatus> r = ctx.engine.pause(*mode, *deadline);
-    if (r && clear_cache->value_or(true)) r = ctx.engine.reset_prefix_cache(/*reset_running_requests=*/true, *deadline);
-    answer(res, r);
+    answer(res, ctx.engine.pause(*mode, *deadline, clear_cache->value_or(true)));
   });
   post("/resume", [&ctx, fail](const httplib::Request& req, const std::string&, httplib::Response& res) {
     auto deadline = deadline_param(req);

@@ -122,6 +122,23 @@ std::string render_prometheus(const EngineMetricsSnapshot& s, const std::string&
                         {"expired", kv.sends_expired},
                         {"aborted", kv.sends_aborted},
                         {"failed", kv.sends_failed}});
+    f.counter("siesta:kv_invalidations_sent_total",
+              "INVALIDATE messages sent to peers that imported this engine's KV cache, before it was released.",
+              static_cast<double>(kv.invalidations_sent));
+    f.counter("siesta:kv_invalidation_acks_total",
+              "INVALIDATE messages a peer acknowledged (it dropped this engine's memory).",
+              static_cast<double>(kv.invalidation_acks));
+    f.counter("siesta:kv_invalidations_unanswered_total",
+              "INVALIDATE messages not acknowledged before the deadline; the peer was skipped.",
+              static_cast<double>(kv.invalidations_unanswered));
+    f.counter("siesta:kv_invalidations_received_total",
+              "INVALIDATE messages from peers that this engine acknowledged.",
+              static_cast<double>(kv.invalidations_received));
+    f.counter("siesta:kv_peer_handshakes_total",
+              "Peer metadata fetched: at a peer's first use and again after each of its sleeps.",
+              static_cast<double>(kv.peer_handshakes));
+    f.gauge("siesta:kv_epoch", "This engine's transfer epoch: bumped by every registration of its KV cache.",
+            static_cast<double>(kv.epoch));
   }
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, f.all);

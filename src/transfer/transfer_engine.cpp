@@ -111,6 +111,7 @@ class TransferEngine::Impl {
   // new peer may import them. Cleared by the next change of regions.
   bool handshakes_closed = false;
   MessageHandler message_handler;
+  TransferStats stats;  // epoch excluded: read from the table
 
   // One handshake at a time (waited for with the caller's deadline).
   std::mutex handshake_mu;
@@ -313,6 +314,7 @@ Result<std::string> TransferEngine::Impl::handshake(const std::string& peer_addr
     peer.link = std::move(*link);
     peer.meta = std::move(*meta);
     peer.generation++;
+    ++stats.handshakes;
     transition_locked(peer, PeerEvent::kHandshake, nullptr);
     SIESTA_LOG_DEBUG("transfer engine {}: handshake with {} at {}: epoch {}, {} regions", config.engine_id, peer_id,
                      peer_address, peer.meta.epoch.value, peer.meta.regions.size());
@@ -666,12 +668,22 @@ InvalidateReport TransferEngine::invalidate_peers(Deadline deadline) {
     }
   }
   std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->stats.invalidations_sent += targets.size();
+  impl_->stats.invalidation_acks += report.acked.size();
+  impl_->stats.invalidations_unanswered += report.unanswered.size();
   for (const std::string& id : report.acked) {
     auto it = impl_->fetchers.find(id);
     // A fetch that raced with this invalidation re-registered a newer address: keep it.
     if (it != impl_->fetchers.end() && it->second == targets[id]) impl_->fetchers.erase(it);
   }
   return report;
+}
+
+TransferStats TransferEngine::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  TransferStats s = impl_->stats;
+  s.epoch = impl_->table->epoch().value;
+  return s;
 }
 
 std::vector<MetaFetcher> TransferEngine::fetchers() const {
@@ -735,6 +747,10 @@ Result<Frame> TransferEngine::Impl::on_invalidate(const Frame& request) {
                       released.error().message);
       return error_frame(released.error().with_context("our transfers to you did not end in time"));
     }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ++stats.invalidations_received;
   }
   return to_frame(AckMsg{config.engine_id, msg.epoch});
 }

@@ -56,6 +56,16 @@ struct MetaFetcher {
   std::string address;  // its side-channel listener
 };
 
+// Counters of the control plane, for metrics (stats()).
+struct TransferStats {
+  uint64_t invalidations_sent = 0;        // INVALIDATE frames we sent (one per fetcher per invalidate_peers)
+  uint64_t invalidation_acks = 0;         // ... that the peer acknowledged
+  uint64_t invalidations_unanswered = 0;  // ... that got no ACK before the deadline (or a refusal)
+  uint64_t invalidations_received = 0;    // INVALIDATE frames peers sent us that we acknowledged
+  uint64_t handshakes = 0;                // peer metadata fetched and installed (connect)
+  uint64_t epoch = 0;                     // our current epoch
+};
+
 struct InvalidateReport {
   std::vector<std::string> acked;          // engine ids that dropped our memory
   std::vector<MetaFetcher> unanswered;     // no ACK before the deadline (or refused)
@@ -143,6 +153,8 @@ class TransferEngine {
   // no new peer may import them.
   InvalidateReport invalidate_peers(Deadline deadline);
   std::vector<MetaFetcher> fetchers() const;
+
+  TransferStats stats() const;
 
   class Impl;
 

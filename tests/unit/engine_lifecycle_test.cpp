@@ -363,16 +363,22 @@ TEST(EngineLifecycle, ReleaseKvCacheMemoryNeedsAPause) {
   EXPECT_EQ(resident(m, Tag::kWeights), resident(paused, Tag::kWeights));
   EXPECT_EQ(resident(m, Tag::kScratch), resident(paused, Tag::kScratch));
 
-  auto resume = e->resume(soon());
-  ASSERT_FALSE(resume);
-  EXPECT_EQ(resume.error().code, ErrorCode::kConflict);
-  EXPECT_NE(resume.error().message.find("wake_up?tags=kv_cache"), std::string::npos) << resume.error().message;
   // reload_weights works here: weights resident, scheduler stopped.
   ASSERT_TRUE(e->reload_weights(std::nullopt, soon()));
   auto w = e->wake_up({Tag::kKvCache}, soon());
   ASSERT_TRUE(w) << w.error().message;
   EXPECT_EQ(w->state, EngineState::kPaused);  // the explicit pause stays
   ASSERT_TRUE(e->resume(soon()));
+  EXPECT_EQ(run_prompts(*e), baseline);
+
+  // A resume of a released KV cache maps it first: the engine serves at once.
+  ASSERT_TRUE(e->pause(PauseMode::kKeep, soon()));
+  ASSERT_TRUE(e->release_kv_cache_memory(soon()));
+  auto resumed = e->resume(soon());
+  ASSERT_TRUE(resumed) << resumed.error().message;
+  EXPECT_EQ(resumed->state, EngineState::kRunning);
+  EXPECT_EQ(resumed->resident, TagSet::all());
+  EXPECT_EQ(resumed->call.mapped_bytes[memory::tag_index(Tag::kKvCache)], resident(paused, Tag::kKvCache));
   EXPECT_EQ(run_prompts(*e), baseline);
 }
 
@@ -511,8 +517,7 @@ TEST(EngineLifecycle, ReloadWeightsFromAnotherCheckpointAndBack) {
 
 // ---- the P/D connector ----------------------------------------------------------------
 
-// Records release_transfer_kv calls with the KV cache's state at each; can
-// be told to fail them.
+// Records release_transfer_kv calls by scope; can be told to fail them.
 class RecordingConnector final : public KvConnector {
  public:
   explicit RecordingConnector(bool fail) : fail_(fail) {}
@@ -521,53 +526,90 @@ class RecordingConnector final : public KvConnector {
   ConnectorUpdates poll() override { return {}; }
   nlohmann::json on_request_finished(const EngineRequest&, const RequestOutput&) override { return nullptr; }
   void on_request_aborted(const RequestId&) override {}
-  Result<void> release_transfer_kv(Deadline) override {
-    ++calls;
-    if (fail_) return unavailable("peer 'decode-0' did not acknowledge INVALIDATE");
+  Result<void> on_kv_cache_mapped(const KvCacheRegion&) override {
+    ++mapped;
     return {};
   }
-  std::atomic<int> calls{0};
+  Result<KvReleaseReport> release_transfer_kv(KvReleaseScope scope, Deadline) override {
+    (scope == KvReleaseScope::kMemory ? memory_calls : reset_calls)++;
+    if (fail_) return unavailable("peer 'decode-0' did not acknowledge INVALIDATE");
+    KvReleaseReport r;
+    if (scope == KvReleaseScope::kMemory) {
+      r.invalidated = {"decode-0"};
+      r.acked = {"decode-0"};
+      r.deregistered = true;
+    }
+    return r;
+  }
+  std::atomic<int> memory_calls{0};
+  std::atomic<int> reset_calls{0};
+  std::atomic<int> mapped{0};
 
  private:
   bool fail_;
 };
 
-TEST(EngineLifecycle, TheConnectorEndsTransfersBeforeTheKvCacheIsReleased) {
+TEST(EngineLifecycle, TheConnectorEndsTransfersBeforeTheKvCacheIsResetOrReleased) {
   auto connector = std::make_unique<RecordingConnector>(false);
   RecordingConnector* c = connector.get();
   auto created = Engine::create(options(), std::move(connector));
   ASSERT_TRUE(created) << created.error().message;
   auto& e = *created;
+  EXPECT_EQ(c->mapped, 1);
   const auto baseline = run_prompts(*e);
   ASSERT_TRUE(e->sleep(0, PauseMode::kKeep, soon()));
-  EXPECT_EQ(c->calls, 0);  // level 0 releases nothing
-  ASSERT_TRUE(e->sleep(1, PauseMode::kKeep, soon()));
-  EXPECT_EQ(c->calls, 1);
+  EXPECT_EQ(c->memory_calls, 0);  // level 0 releases nothing
+  auto slept = e->sleep(1, PauseMode::kKeep, soon());
+  ASSERT_TRUE(slept) << slept.error().message;
+  EXPECT_EQ(c->memory_calls, 1);
+  ASSERT_TRUE(slept->call.kv_transfer);
+  EXPECT_EQ(slept->call.kv_transfer->acked, std::vector<std::string>{"decode-0"});
   ASSERT_TRUE(e->sleep(2, PauseMode::kKeep, soon()));
-  EXPECT_EQ(c->calls, 1);  // the KV cache was gone already
+  EXPECT_EQ(c->memory_calls, 1);  // the KV cache was gone already
   ASSERT_TRUE(e->wake_up(TagSet::all(), soon()));
-  ASSERT_TRUE(e->pause(PauseMode::kKeep, soon()));
+  EXPECT_EQ(c->mapped, 2);  // registered again under a new epoch
+  ASSERT_TRUE(e->pause(PauseMode::kKeep, soon(), /*clear_cache=*/true));
+  EXPECT_EQ(c->reset_calls, 1);
   ASSERT_TRUE(e->release_kv_cache_memory(soon()));
-  EXPECT_EQ(c->calls, 2);
-  ASSERT_TRUE(e->wake_up(TagSet::all(), soon()));
-  ASSERT_TRUE(e->resume(soon()));
+  EXPECT_EQ(c->memory_calls, 2);
+  // resume maps the released KV cache first (and registers it) rather than refuse
+  auto resumed = e->resume(soon());
+  ASSERT_TRUE(resumed) << resumed.error().message;
+  EXPECT_EQ(resumed->state, EngineState::kRunning);
+  EXPECT_EQ(resumed->resident, TagSet::all());
+  EXPECT_EQ(c->mapped, 3);
+  ASSERT_TRUE(e->reset_prefix_cache(false, soon()));
+  EXPECT_EQ(c->reset_calls, 2);
   EXPECT_EQ(run_prompts(*e), baseline);
 }
 
-TEST(EngineLifecycle, AConnectorThatCannotEndTransfersKeepsTheKvCacheResident) {
-  auto created = Engine::create(options(), std::make_unique<RecordingConnector>(true));
+TEST(EngineLifecycle, ACallWhoseConnectorCannotEndTransfersChangesNothing) {
+  auto connector = std::make_unique<RecordingConnector>(true);
+  RecordingConnector* c = connector.get();
+  auto created = Engine::create(options(), std::move(connector));
   ASSERT_TRUE(created) << created.error().message;
   auto& e = *created;
   const auto baseline = run_prompts(*e);
   auto slept = e->sleep(1, PauseMode::kKeep, soon());
   ASSERT_FALSE(slept);
-  EXPECT_NE(slept.error().message.find("KV cache stays resident"), std::string::npos) << slept.error().message;
+  EXPECT_NE(slept.error().message.find("nothing was reset or released"), std::string::npos) << slept.error().message;
   EXPECT_NE(slept.error().message.find("decode-0"), std::string::npos) << slept.error().message;
-  EXPECT_EQ(e->state(), EngineState::kPaused);  // paused by the sleep, nothing released
+  EXPECT_NE(slept.error().message.find("running as before the call"), std::string::npos) << slept.error().message;
+  EXPECT_EQ(e->state(), EngineState::kRunning);  // the sleep's pause is undone
   EXPECT_EQ(e->status().resident, TagSet::all());
+  EXPECT_EQ(run_prompts(*e), baseline);
+
+  auto paused = e->pause(PauseMode::kKeep, soon(), /*clear_cache=*/true);
+  ASSERT_FALSE(paused);
+  EXPECT_NE(paused.error().message.find("running as before the call"), std::string::npos) << paused.error().message;
+  EXPECT_EQ(e->state(), EngineState::kRunning);
+
+  ASSERT_TRUE(e->pause(PauseMode::kKeep, soon()));
   auto released = e->release_kv_cache_memory(soon());
   ASSERT_FALSE(released);
   EXPECT_EQ(e->state(), EngineState::kPaused);
+  EXPECT_EQ(e->status().resident, TagSet::all());
+  EXPECT_EQ(c->mapped, 1);  // never deregistered, never registered again
   ASSERT_TRUE(e->resume(soon()));
   EXPECT_EQ(run_prompts(*e), baseline);
 }

@@ -1,0 +1,535 @@
+"""Sleep x P/D under load: a prefill engine (P), a decode engine (D) and `siesta proxy`, with a dozen
+clients streaming requests through the proxy while random lifecycle calls hit P, D or both.
+
+For each backend/mode pair (ipc or ucx; WRITE with the proxy's --mode concurrent, READ with
+--mode sequential) it runs a soak: 12+ client threads send a mix of requests (completions and chat,
+streamed and not, greedy and seeded, prompts of many lengths, shared prefixes) while an operator
+thread calls, on P, D or both at once: sleep level 1 or 2 (modes keep and abort), full and selective
+wake (weights first, then kv_cache), reload_weights, pause keep/wait/abort with and without
+clear_cache, release_kv_cache_memory. Every outcome is counted:
+  ok       the tokens equal the same request sent alone to a colocated engine
+  wrong    the request completed with other tokens
+  errored  an error answer (or finish_reason "abort"); allowed only for requests in flight while an
+           abort-mode call ran on an engine, and each must carry an error message
+  lost     no answer within the client's deadline
+and the check asserts: 0 wrong, 0 lost, 0 errors outside abort calls, every admin call answered 200,
+both engines running at the end, within 2 s of the last request 0 blocks held for remote readers,
+for loads or in use on either engine, each engine's pool resident again as when it was awake, and
+its mapped shared memory (RssShmem: the KV cache and weights live in memfds on the CPU) within 1% of
+its awake level. The invalidation metrics (sent, acked, handshakes, epoch) must have moved.
+
+CI runs every pair for a bounded time (--duration-s, default 22 s each). The same script is the
+long form and the device form:
+  python3 tests/integration/test_pd_soak.py --siesta build/bin/siesta --source . \
+      --duration-s 300 --pairs ipc/write,ucx/read --device cuda --extra-serve-args=--batch-invariant \
+      --json bench/results/pd_soak_cuda.json
+"""
+import argparse
+import concurrent.futures
+import http.client
+import json
+import os
+import random
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from siesta_test_util import Checks  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--siesta", required=True)
+ap.add_argument("--source", required=True)
+ap.add_argument("--model", default=None, help="model directory (default: the embedded tiny Qwen3)")
+ap.add_argument("--pairs", default="ipc/write,ipc/read,ucx/write,ucx/read")
+ap.add_argument("--duration-s", type=float, default=22.0, help="soak time per pair")
+ap.add_argument("--clients", type=int, default=12)
+ap.add_argument("--seed", type=int, default=None, help="operation and request mix (default: from the clock)")
+ap.add_argument("--device", default="cpu")
+ap.add_argument("--extra-serve-args", default="", help="more `siesta serve` flags for P, D and the reference")
+ap.add_argument("--kv-bytes", default="96M")
+ap.add_argument("--json", default=None, help="write the counts and timings here")
+args = ap.parse_args()
+
+SIESTA = args.siesta
+MODEL = args.model or os.path.join(args.source, "models", "tiny-qwen3")
+SEED = args.seed if args.seed is not None else int(time.time()) % 100000
+checks = Checks()
+tmp = tempfile.mkdtemp(prefix="siesta-soak-")
+CLIENT_TIMEOUT_S = 90
+ADMIN_TIMEOUT_S = 60
+LOAD_TIMEOUT_S = 4
+ON_CUDA = args.device.startswith("cuda")
+SERVE_ARGS = ["--kv-cache-memory-bytes", args.kv_bytes, "--max-model-len", "2048", "--seed", "0",
+              "--max-num-seqs", "32", "--http-threads", "64", "--device", args.device]
+if not ON_CUDA:
+    SERVE_ARGS += ["--threads", "1"]
+SERVE_ARGS += [a for a in args.extra_serve_args.split() if a]
+UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}
+print(f"soak seed {SEED} (pass --seed {SEED} to repeat the operation and request mix)", flush=True)
+
+
+def http_request(port, method, path, body=None, headers=None, timeout=ADMIN_TIMEOUT_S):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        h = {"Content-Type": "application/json"} if data is not None else {}
+        h.update(headers or {})
+        conn.request(method, path, body=data, headers=h)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+class Process:
+    """A siesta subprocess logging to a file; its 'listening on http://HOST:PORT' line gives the port."""
+
+    def __init__(self, name, argv, env=None):
+        self.name = name
+        self.log_path = os.path.join(tmp, f"{name}.log")
+        self.log = open(self.log_path, "w")
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.proc = subprocess.Popen([SIESTA, "--log-level", "info", *argv], stdout=self.log,
+                                     stderr=subprocess.STDOUT, env=full_env)
+        self.port = None
+        end = time.monotonic() + 120
+        while time.monotonic() < end and self.port is None and self.proc.poll() is None:
+            m = re.search(r"listening on http://[0-9.]+:(\d+)", open(self.log_path).read())
+            if m:
+                self.port = int(m.group(1))
+            else:
+                time.sleep(0.05)
+        if self.port is None:
+            self.stop()
+            raise RuntimeError(f"{name} did not start: {open(self.log_path).read()[-3000:]}")
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=15)
+        self.log.close()
+        return self.proc.returncode
+
+    def rss_shmem(self):
+        """(RssShmem, RssAnon) of the process in bytes."""
+        out = {}
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in ("RssShmem", "RssAnon"):
+                    out[k] = int(v.split()[0]) * 1024
+        return out.get("RssShmem", 0), out.get("RssAnon", 0)
+
+
+def kv_config(role, backend, mode):
+    return json.dumps({"kv_connector": "SiestaConnector", "kv_role": role,
+                       "kv_connector_extra_config": {
+                           "backend": backend, "mode": mode, "load_timeout_s": LOAD_TIMEOUT_S,
+                           "transfer_timeout_s": 3, "message_timeout_s": 2, "hold_timeout_s": 60,
+                           "write_grace_s": 1, "worker_threads": 4}})
+
+
+def serve(name, *extra, env=None):
+    return Process(name, ["serve", "--model", MODEL, "--port", "0", "--enable-sleep-mode", *SERVE_ARGS, *extra],
+                   env=env)
+
+
+def metrics(port):
+    status, raw = http_request(port, "GET", "/metrics", timeout=10)
+    assert status == 200, status
+    out = {}
+    for line in raw.decode().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, value = line.rsplit(" ", 1)
+        name = re.sub(r',?model_name="[^"]*"', "", name).replace("{}", "").replace("{,", "{")
+        out[name] = float(value)
+    return out
+
+
+HELD_KEYS = ("siesta:kv_blocks_in_use", "siesta:kv_blocks_held_for_remote", "siesta:kv_blocks_held_for_loads")
+
+
+def held(port):
+    m = metrics(port)
+    return {k: m.get(k) for k in HELD_KEYS}
+
+
+# ---- requests ------------------------------------------------------------------------------
+
+WORDS = ("sleep mode lets an inference server give its memory back while a trainer uses the device and take it "
+         "again later at the same addresses prefill and decode run on separate engines the keys and values of "
+         "each prompt move between them block by block").split()
+SHARED = [
+    "You are a careful assistant. Answer briefly and precisely. ",
+    " ".join(WORDS) + ". ",
+    " ".join(WORDS * 4) + ". Summary of the discussion so far: ",
+]
+
+
+def make_specs(n, rng):
+    specs = []
+    for i in range(n):
+        prefix = rng.choice(SHARED) if rng.random() < 0.6 else ""
+        tail = " ".join(rng.choice(WORDS) for _ in range(rng.choice([1, 4, 12, 30, 80])))
+        prompt = f"{prefix}{tail} (soak question {i})"
+        body = {"max_tokens": rng.choice([1, 4, 8, 16, 32]), "stream": rng.random() < 0.5,
+                "return_token_ids": True, "ignore_eos": True}
+        if rng.random() < 0.5:
+            body["temperature"] = 0
+        else:
+            body.update({"temperature": 0.8, "top_p": 0.9, "seed": rng.randrange(1 << 30)})
+        if rng.random() < 0.25:
+            body["messages"] = [{"role": "user", "content": prompt}]
+            path = "/v1/chat/completions"
+        else:
+            body["prompt"] = prompt
+            path = "/v1/completions"
+        if body["stream"] and rng.random() < 0.5:
+            body["stream_options"] = {"include_usage": True}
+        specs.append((path, body))
+    return specs
+
+
+class Outcome:
+    def __init__(self, kind, detail=""):
+        self.kind = kind      # "done" | "error" | "lost"
+        self.detail = detail
+        self.tokens = None
+
+
+def generate(port, path, body, headers, timeout=CLIENT_TIMEOUT_S):
+    """What a client sees of choice 0: Outcome with tokens, or an error / lost outcome."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        h = {"Content-Type": "application/json"}
+        h.update(headers)
+        conn.request("POST", path, body=json.dumps(body).encode(), headers=h)
+        r = conn.getresponse()
+        raw = r.read()
+        if r.status != 200:
+            try:
+                msg = json.loads(raw)["error"]["message"]
+            except Exception:  # noqa: BLE001 - any unreadable body is itself the finding
+                msg = f"unreadable error body {raw[:200]!r}"
+            return Outcome("error", f"HTTP {r.status}: {msg}")
+        if not body.get("stream"):
+            c = json.loads(raw)["choices"][0]
+            if c["finish_reason"] == "abort":
+                return Outcome("error", "finish_reason abort without an error message")
+            o = Outcome("done")
+            o.tokens = c.get("token_ids")
+            return o
+        ids, finish, error = [], None, None
+        lines = raw.decode().splitlines()
+        if "data: [DONE]" not in lines:
+            return Outcome("error", "the stream ended without [DONE]")
+        for line in lines:
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                error = chunk["error"].get("message") or "an error event without a message"
+                continue
+            for c in chunk.get("choices", []):
+                if c.get("index", 0) != 0:
+                    continue
+                ids += c.get("token_ids") or []
+                finish = c.get("finish_reason") or finish
+        if error:
+            return Outcome("error", f"stream error: {error}")
+        if finish == "abort":
+            return Outcome("error", "finish_reason abort without an error message")
+        o = Outcome("done")
+        o.tokens = ids
+        return o
+    except (socket.timeout, TimeoutError):
+        return Outcome("lost", f"no answer within {timeout} s")
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        return Outcome("error", f"{type(e).__name__}: {e}")
+    finally:
+        conn.close()
+
+
+# ---- lifecycle operations ------------------------------------------------------------------
+
+class Operator:
+    """Runs random lifecycle scenarios on P, D or both; records every admin call and abort window."""
+
+    def __init__(self, engines, rng):
+        self.engines = engines  # {"P": Process, "D": Process}
+        self.rng = rng
+        self.calls = []         # (engine, path, status, seconds, body)
+        self.abort_windows = []  # (engine, start, end)
+        self.scenarios = []
+        self.lock = threading.Lock()
+
+    def call(self, who, path, body=None):
+        start = time.monotonic()
+        sep = "&" if "?" in path else "?"
+        try:
+            status, raw = http_request(self.engines[who].port, "POST", f"{path}{sep}timeout={ADMIN_TIMEOUT_S}", body,
+                                       timeout=ADMIN_TIMEOUT_S + 30)
+            try:
+                j = json.loads(raw) if raw else None
+            except ValueError:
+                j = {"raw": raw[:300].decode(errors="replace")}
+        except OSError as e:
+            status, j = None, {"error": str(e)}
+        end = time.monotonic()
+        with self.lock:
+            self.calls.append((who, path, status, end - start, j))
+            if "mode=abort" in path:
+                self.abort_windows.append((who, start, end))
+        return status, j
+
+    def pause_between(self):
+        time.sleep(self.rng.uniform(0.1, 0.8))
+
+    def scenario(self, who):
+        """One lifecycle scenario on one engine; it ends with the engine running."""
+        r = self.rng
+        kind = r.choice(["sleep1", "sleep1", "sleep2", "sleep2", "pause", "pause", "release", "reload"])
+        mode = r.choice(["keep", "abort", "keep"])
+        if kind == "sleep1":
+            self.call(who, f"/sleep?level=1&mode={mode}")
+            self.pause_between()
+            if r.random() < 0.5:
+                self.call(who, "/wake_up")
+            else:
+                self.call(who, "/wake_up?tags=weights")
+                self.pause_between()
+                self.call(who, "/wake_up?tags=kv_cache")
+        elif kind == "sleep2":
+            self.call(who, f"/sleep?level=2&mode={mode}")
+            self.pause_between()
+            if r.random() < 0.4:
+                self.call(who, "/wake_up")  # reads the checkpoint again
+            else:
+                self.call(who, "/wake_up?tags=weights")
+                self.call(who, "/reload_weights")
+                self.pause_between()
+                self.call(who, "/wake_up?tags=kv_cache")
+        elif kind == "pause":
+            pmode = r.choice(["keep", "wait", "abort"])
+            clear = r.choice(["true", "false"])
+            self.call(who, f"/pause?mode={pmode}&clear_cache={clear}")
+            self.pause_between()
+            self.call(who, "/resume")
+        elif kind == "release":
+            clear = r.choice(["true", "false"])
+            self.call(who, f"/pause?mode=keep&clear_cache={clear}")
+            self.call(who, "/release_kv_cache_memory")
+            self.pause_between()
+            self.call(who, "/wake_up?tags=kv_cache")
+            self.call(who, "/resume")
+        else:
+            self.call(who, "/pause?mode=keep&clear_cache=false")
+            self.call(who, "/reload_weights")
+            self.call(who, "/resume")
+        return kind
+
+    def run(self, stop_at):
+        while time.monotonic() < stop_at:
+            target = self.rng.choice(["P", "D", "both"])
+            if target == "both":
+                with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                    kinds = list(pool.map(self.scenario, ["P", "D"]))
+                self.scenarios.append(("both", kinds))
+            else:
+                self.scenarios.append((target, [self.scenario(target)]))
+            time.sleep(self.rng.uniform(0.2, 1.0))
+
+
+# ---- one pair ------------------------------------------------------------------------------
+
+def awake_memory(proc):
+    status, raw = http_request(proc.port, "GET", "/memory", timeout=20)
+    assert status == 200, (status, raw[:300])
+    j = json.loads(raw)
+    return {t: v["resident_bytes"] for t, v in j["tags"].items()}, j
+
+
+def soak_pair(backend, mode, results):
+    tag = f"{backend}-{mode}"
+    rng = random.Random(SEED ^ zlib.crc32(tag.encode()))
+    env = UCX_ENV if backend == "ucx" else None
+    p = serve(f"P-{tag}", "--kv-transfer-config", kv_config("kv_producer", backend, mode), env=env)
+    d = serve(f"D-{tag}", "--kv-transfer-config", kv_config("kv_consumer", backend, mode), env=env)
+    proxy = Process(f"proxy-{tag}", ["proxy", "--port", "0", "--prefill", p.url, "--decode", d.url,
+                                     "--mode", "concurrent" if mode == "write" else "sequential",
+                                     "--timeout-s", "60", "--health-interval-s", "1"])
+    engines = {"P": p, "D": d}
+    summary = {"pair": tag, "seed": SEED}
+    try:
+        specs = make_specs(48, rng)
+        refs = [generate(colocated.port, path, body, {}).tokens for path, body in specs]
+        assert all(r is not None for r in refs), "the colocated engine failed a reference request"
+        # Warm both engines, then take their awake memory.
+        for i in range(4):
+            path, body = specs[i]
+            o = generate(proxy.port, path, body, {"X-Request-Id": f"{tag}-warm-{i}-{time.monotonic_ns()}"})
+            assert o.kind == "done" and o.tokens == refs[i], (o.kind, o.detail)
+        awake = {who: awake_memory(e)[0] for who, e in engines.items()}
+        shmem_awake = {who: e.rss_shmem()[0] for who, e in engines.items()}
+        before = {who: metrics(e.port) for who, e in engines.items()}
+
+        outcomes = []  # (spec index, start, end, Outcome)
+        out_lock = threading.Lock()
+        stop = threading.Event()
+
+        def client(cid):
+            crng = random.Random(SEED * 1000 + cid)
+            n = 0
+            while not stop.is_set():
+                i = crng.randrange(len(specs))
+                path, body = specs[i]
+                start = time.monotonic()
+                o = generate(proxy.port, path, body, {"X-Request-Id": f"{tag}-{cid}-{n}-{time.monotonic_ns()}"})
+                end = time.monotonic()
+                n += 1
+                with out_lock:
+                    outcomes.append((i, start, end, o))
+
+        op_rng = random.Random(SEED * 7 + zlib.crc32(tag.encode()))
+        operator = Operator(engines, op_rng)
+        started = time.monotonic()
+        threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(args.clients)]
+        for t in threads:
+            t.start()
+        operator.run(started + args.duration_s)
+        stop.set()
+        for t in threads:
+            t.join(CLIENT_TIMEOUT_S + 15)
+        traffic_end = time.monotonic()
+        stuck = sum(t.is_alive() for t in threads)
+
+        counts = {"ok": 0, "wrong": 0, "errored_by_abort": 0, "errored_unexpected": 0, "lost": stuck}
+        bad = []
+        for i, start, end, o in outcomes:
+            if o.kind == "lost":
+                counts["lost"] += 1
+                bad.append(("lost", specs[i], o.detail))
+            elif o.kind == "error":
+                in_abort = any(s - 0.05 <= end and start <= e + 0.5 for _, s, e in operator.abort_windows)
+                clear = o.detail and "without an error message" not in o.detail
+                if in_abort and clear:
+                    counts["errored_by_abort"] += 1
+                else:
+                    counts["errored_unexpected"] += 1
+                    bad.append(("error", specs[i], o.detail, round(start - started, 2), round(end - started, 2)))
+            elif o.tokens == refs[i]:
+                counts["ok"] += 1
+            else:
+                counts["wrong"] += 1
+                bad.append(("wrong", specs[i], o.tokens, refs[i]))
+        failed_calls = [(w, pth, st, round(sec, 2), j) for w, pth, st, sec, j in operator.calls if st != 200]
+        summary.update({"counts": counts, "requests": len(outcomes), "admin_calls": len(operator.calls),
+                        "admin_failed": len(failed_calls), "scenarios": operator.scenarios,
+                        "duration_s": round(traffic_end - started, 1),
+                        "admin_seconds_max": round(max((c[3] for c in operator.calls), default=0), 3)})
+        print(f"  {tag}: {len(outcomes)} requests {counts}, {len(operator.calls)} admin calls "
+              f"({len(failed_calls)} failed), {len(operator.scenarios)} scenarios", flush=True)
+
+        def no_wrong_lost_or_unexpected():
+            assert counts["wrong"] == 0 and counts["lost"] == 0 and counts["errored_unexpected"] == 0, bad[:5]
+            assert counts["ok"] >= len(outcomes) // 2, counts
+        checks.check(f"{tag}: 0 wrong, 0 lost, errors only from abort calls", no_wrong_lost_or_unexpected)
+
+        def every_admin_call_200():
+            assert not failed_calls, failed_calls[:5]
+        checks.check(f"{tag}: every admin call answered 200", every_admin_call_200)
+
+        def running_and_nothing_held():
+            for who, e in engines.items():
+                status, raw = http_request(e.port, "GET", "/is_sleeping")
+                assert status == 200 and json.loads(raw) == {"is_sleeping": False}, (who, raw)
+                status, raw = http_request(e.port, "GET", "/is_paused")
+                assert status == 200 and json.loads(raw) == {"is_paused": False}, (who, raw)
+            end = traffic_end + 2.0
+            last = None
+            while True:
+                last = {who: held(e.port) for who, e in engines.items()}
+                if all(v == 0 for h in last.values() for v in h.values()):
+                    break
+                assert time.monotonic() < end, f"blocks still held 2 s after the traffic stopped: {last}"
+                time.sleep(0.05)
+            summary["blocks_clear_after_s"] = round(time.monotonic() - traffic_end, 3)
+        checks.check(f"{tag}: both engines running; 0 blocks held within 2 s", running_and_nothing_held)
+
+        def memory_back():
+            for who, e in engines.items():
+                now, full = awake_memory(e)
+                assert now == awake[who], (who, now, awake[who], full)
+                shm, anon = e.rss_shmem()
+                if not ON_CUDA:
+                    assert abs(shm - shmem_awake[who]) <= 0.01 * shmem_awake[who], \
+                        (who, "RssShmem", shm, "awake", shmem_awake[who])
+                summary[f"rss_shmem_{who}"] = [shmem_awake[who], shm]
+                summary[f"rss_anon_{who}"] = anon
+        checks.check(f"{tag}: memory back to its awake level", memory_back)
+
+        def invalidation_is_visible():
+            after = {who: metrics(e.port) for who, e in engines.items()}
+            slept = {w for w, pth, st, _, _ in operator.calls
+                     if st == 200 and ("/sleep?level=1" in pth or "/sleep?level=2" in pth or "release_kv" in pth)}
+            for who in slept:
+                m, b = after[who], before[who]
+                sent = m.get("siesta:kv_invalidations_sent_total", 0) - b.get("siesta:kv_invalidations_sent_total", 0)
+                acked = m.get("siesta:kv_invalidation_acks_total", 0) - b.get("siesta:kv_invalidation_acks_total", 0)
+                assert "siesta:kv_invalidations_unanswered_total" in m, sorted(m)
+                assert m.get("siesta:kv_epoch", 0) > b.get("siesta:kv_epoch", 0), (who, "epoch did not move")
+                # The peer that fetched our metadata was told, unless it had not handshaken since our last release.
+                assert acked <= sent, (who, sent, acked)
+                summary[f"invalidations_{who}"] = {"sent": sent, "acked": acked}
+            handshakes = sum(after[w].get("siesta:kv_peer_handshakes_total", 0) for w in after)
+            assert handshakes > 0, "no peer handshake was counted"
+            # The answers of /sleep and /release_kv_cache_memory name the peers invalidated.
+            for w, pth, st, _, j in operator.calls:
+                if st == 200 and ("/sleep?level=1" in pth or "/sleep?level=2" in pth or "release_kv" in pth):
+                    kv = j.get("call", {}).get("kv_transfer")
+                    assert kv is not None and {"invalidated", "acked", "unanswered"} <= set(kv), (w, pth, j)
+        checks.check(f"{tag}: invalidations and handshakes are counted and answered", invalidation_is_visible)
+    finally:
+        for proc in (proxy, d, p):
+            proc.stop()
+        results.append(summary)
+
+
+colocated = None
+results = []
+try:
+    colocated = serve("colocated")
+    started = time.monotonic()
+    for pair in args.pairs.split(","):
+        backend, mode = pair.split("/")
+        checks.check(f"{pair}: soak runs", lambda b=backend, m=mode: soak_pair(b, m, results))
+    print(f"soak took {time.monotonic() - started:.1f} s", flush=True)
+finally:
+    if colocated:
+        colocated.stop()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"seed": SEED, "device": args.device, "duration_s_per_pair": args.duration_s,
+                       "clients": args.clients, "pairs": results}, f, indent=1)
+    if checks.failed == 0 and not os.environ.get("SIESTA_TEST_KEEP_LOGS"):
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        print(f"logs kept in {tmp}")
+checks.finish()
