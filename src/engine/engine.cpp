@@ -743,8 +743,8 @@ Result<void> Engine::reload_on_loop(const std::filesystem::path& dir, EngineCall
 Result<KvReleaseReport> Engine::release_kv_blocks(KvReleaseScope scope, const std::string& call, Deadline deadline) {
   KvReleaseReport report;
   if (!memory_->is_resident(memory::Tag::kKvCache)) return report;  // released already: every block is free
-  const int32_t n = scheduler_->preempt_all();
-  if (n > 0) SIESTA_LOG_INFO("engine: {}: {} running requests recompute", call, n);
+  const int32_t n = scheduler_->free_request_blocks();
+  if (n > 0) SIESTA_LOG_INFO("engine: {}: {} requests give their KV blocks back and recompute", call, n);
   if (connector_) {
     auto ended = connector_->release_transfer_kv(scope, deadline);
     if (!ended)
@@ -757,7 +757,7 @@ Result<KvReleaseReport> Engine::release_kv_blocks(KvReleaseScope scope, const st
   // write them any more, the ended sends once no write of ours reads them.
   for (;;) {
     poll_connector();
-    (void)scheduler_->preempt_all();  // a load that ended with its KV made its request run: it recomputes too
+    (void)scheduler_->free_request_blocks();  // a load that ended with its KV: its request recomputes too
     const BlockPoolStats ps = pool_->stats();
     if (ps.num_free_blocks == ps.num_blocks) break;
     std::string why;

@@ -268,9 +268,22 @@ int32_t Scheduler::preempt_all() {
   return n;
 }
 
+int32_t Scheduler::free_request_blocks() {
+  int32_t n = preempt_all();
+  for (Request* req : waiting_) {
+    if (req->state == RequestState::kWaitingForRemoteKv || req->block_table.empty()) continue;
+    allocator_.free(*req);
+    req->num_computed_tokens = 0;
+    ++n;
+    SIESTA_LOG_DEBUG("scheduler: waiting request {} gave its KV blocks back ({} tokens to recompute)", req->id,
+                     req->num_tokens());
+  }
+  return n;
+}
+
 Result<void> Scheduler::reset_prefix_cache(bool reset_running_requests) {
   if (reset_running_requests) {
-    const int32_t n = preempt_all();
+    const int32_t n = free_request_blocks();
     if (n > 0) SIESTA_LOG_INFO("scheduler: preempted {} running requests to reset the prefix cache", n);
   }
   auto ok = pool_.reset_prefix_cache();

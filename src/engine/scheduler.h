@@ -108,6 +108,11 @@ class Scheduler {
 
   // Every running request back to the waiting queue to recompute. Returns how many.
   int32_t preempt_all();
+  // preempt_all, and waiting requests that hold KV (a remote load put their
+  // prompt's KV in place) give their blocks back too and recompute: no
+  // request holds a block afterwards, but those waiting for remote KV, whose
+  // load has not ended. Returns how many requests gave blocks back.
+  int32_t free_request_blocks();
   // kConflict while blocks are in use, unless reset_running_requests, which
   // preempts the running requests first (they recompute). Blocks held for
   // remote readers or loads always block the reset.

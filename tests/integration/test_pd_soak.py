@@ -97,7 +97,7 @@ class Process:
         self.log = open(self.log_path, "w")
         full_env = dict(os.environ)
         full_env.update(env or {})
-        self.proc = subprocess.Popen([SIESTA, "--log-level", "info", *argv], stdout=self.log,
+        self.proc = subprocess.Popen([SIESTA, "--log-level", os.environ.get("SIESTA_SOAK_LOG_LEVEL", "info"), *argv], stdout=self.log,
                                      stderr=subprocess.STDOUT, env=full_env)
         self.port = None
         end = time.monotonic() + 120
@@ -125,6 +125,17 @@ class Process:
                 self.proc.wait(timeout=15)
         self.log.close()
         return self.proc.returncode
+
+    def memfd_mapped(self):
+        """Bytes of memfd mappings (its own pool's and the peer memory it imported) in the process."""
+        total = 0
+        with open(f"/proc/{self.proc.pid}/maps") as f:
+            for line in f:
+                if "/memfd:" not in line:
+                    continue
+                lo, hi = line.split()[0].split("-")
+                total += int(hi, 16) - int(lo, 16)
+        return total
 
     def rss_shmem(self):
         """(RssShmem, RssAnon) of the process in bytes."""
@@ -387,7 +398,7 @@ def soak_pair(backend, mode, results):
             o = generate(proxy.port, path, body, {"X-Request-Id": f"{tag}-warm-{i}-{time.monotonic_ns()}"})
             assert o.kind == "done" and o.tokens == refs[i], (o.kind, o.detail)
         awake = {who: awake_memory(e)[0] for who, e in engines.items()}
-        shmem_awake = {who: e.rss_shmem()[0] for who, e in engines.items()}
+        mapped_awake = {who: e.memfd_mapped() for who, e in engines.items()}
         before = {who: metrics(e.port) for who, e in engines.items()}
 
         outcomes = []  # (spec index, start, end, Outcome)
@@ -474,15 +485,25 @@ def soak_pair(backend, mode, results):
         checks.check(f"{tag}: both engines running; 0 blocks held within 2 s", running_and_nothing_held)
 
         def memory_back():
+            # A few requests as after the warm-up, so that each engine imported its peer's current memory again.
+            for i in range(4):
+                path, body = specs[i]
+                o = generate(proxy.port, path, body, {"X-Request-Id": f"{tag}-after-{i}-{time.monotonic_ns()}"})
+                assert o.kind == "done" and o.tokens == refs[i], (o.kind, o.detail)
             for who, e in engines.items():
                 now, full = awake_memory(e)
                 assert now == awake[who], (who, now, awake[who], full)
+                mapped = e.memfd_mapped()
                 shm, anon = e.rss_shmem()
-                if not ON_CUDA:
-                    assert abs(shm - shmem_awake[who]) <= 0.01 * shmem_awake[who], \
-                        (who, "RssShmem", shm, "awake", shmem_awake[who])
-                summary[f"rss_shmem_{who}"] = [shmem_awake[who], shm]
+                summary[f"memfd_mapped_{who}"] = [mapped_awake[who], mapped]
+                summary[f"rss_shmem_{who}"] = shm
                 summary[f"rss_anon_{who}"] = anon
+                if not ON_CUDA:
+                    # Its own pool and one import of the peer's KV cache, as when it was awake: no mapping of
+                    # memory from before a sleep (its own or a peer's) survives.
+                    assert abs(mapped - mapped_awake[who]) <= 0.01 * mapped_awake[who], \
+                        (who, "memfd mappings", mapped, "awake", mapped_awake[who])
+                    assert shm <= mapped, (who, "RssShmem", shm, "mapped", mapped)
         checks.check(f"{tag}: memory back to its awake level", memory_back)
 
         def invalidation_is_visible():
