@@ -6,7 +6,7 @@ For each backend/mode pair (ipc or ucx; WRITE with the proxy's --mode concurrent
 streamed and not, greedy and seeded, prompts of many lengths, shared prefixes) while an operator
 thread calls, on P, D or both at once: sleep level 1 or 2 (modes keep and abort), full and selective
 wake (weights first, then kv_cache), reload_weights, pause keep/wait/abort with and without
-clear_cache, release_kv_cache_memory. Every outcome is counted:
+clear_cache, release_kv_cache_memory, reset_prefix_cache of running requests. Every outcome is counted:
   ok       the tokens equal the same request sent alone to a colocated engine
   wrong    the request completed with other tokens
   errored  an error answer (or finish_reason "abort"); allowed only for requests in flight while an
@@ -316,7 +316,7 @@ class Operator:
     def scenario(self, who):
         """One lifecycle scenario on one engine; it ends with the engine running."""
         r = self.rng
-        kind = r.choice(["sleep1", "sleep1", "sleep2", "sleep2", "pause", "pause", "release", "reload"])
+        kind = r.choice(["sleep1", "sleep1", "sleep2", "sleep2", "pause", "pause", "release", "reload", "reset"])
         mode = r.choice(["keep", "abort", "keep"])
         if kind == "sleep1":
             self.call(who, f"/sleep?level=1&mode={mode}")
@@ -350,10 +350,13 @@ class Operator:
             self.pause_between()
             self.call(who, "/wake_up?tags=kv_cache")
             self.call(who, "/resume")
-        else:
+        elif kind == "reload":
             self.call(who, "/pause?mode=keep&clear_cache=false")
             self.call(who, "/reload_weights")
             self.call(who, "/resume")
+        else:
+            # While serving: running requests recompute, transfers end, the prefix cache empties.
+            self.call(who, "/reset_prefix_cache?reset_running_requests=true")
         return kind
 
     def run(self, stop_at):

@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -612,6 +614,118 @@ TEST(EngineLifecycle, ACallWhoseConnectorCannotEndTransfersChangesNothing) {
   EXPECT_EQ(c->mapped, 1);  // never deregistered, never registered again
   ASSERT_TRUE(e->resume(soon()));
   EXPECT_EQ(run_prompts(*e), baseline);
+}
+
+// Holds every finished request's blocks for a remote reader (as a producer
+// does) and gives the holds back only when told: a transfer that will not end.
+class HoldingConnector final : public KvConnector {
+ public:
+  ConnectorPlan on_request_added(const EngineRequest&) override {
+    return ConnectorPlan{.hold_blocks_for_remote_reader = true, .load_remote_kv = false};
+  }
+  void start_load(const RequestId&, const RemoteKvTarget&) override {}
+  ConnectorUpdates poll() override {
+    ConnectorUpdates u;
+    std::lock_guard<std::mutex> lock(mu);
+    if (let_go) {
+      u.releasable_holds = std::move(holds);
+      holds.clear();
+    }
+    return u;
+  }
+  nlohmann::json on_request_finished(const EngineRequest& r, const RequestOutput& out) override {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!out.held_blocks.empty()) holds.push_back(send_hold_owner(r.id));
+    return nullptr;
+  }
+  void on_request_aborted(const RequestId&) override {}
+  Result<KvReleaseReport> release_transfer_kv(KvReleaseScope, Deadline) override { return KvReleaseReport{}; }
+
+  std::mutex mu;
+  std::vector<std::string> holds;
+  bool let_go = false;
+};
+
+TEST(EngineLifecycle, AResetWaitsForTheBlocksOfTransfersAndACallThatCannotGetThemChangesNothing) {
+  auto connector = std::make_unique<HoldingConnector>();
+  HoldingConnector* c = connector.get();
+  auto created = Engine::create(options(), std::move(connector));
+  ASSERT_TRUE(created) << created.error().message;
+  auto& e = *created;
+  const auto baseline = run_prompts(*e);  // every request leaves its blocks held
+  for (auto end = Clock::now() + 5s; e->metrics().num_kv_blocks_held_for_remote == 0 && Clock::now() < end;)
+    std::this_thread::sleep_for(10ms);  // the loop publishes its metrics after the step
+  ASSERT_GT(e->metrics().num_kv_blocks_held_for_remote, 0);
+
+  // The holds outlive the deadline: the pause is undone, nothing was reset.
+  auto paused = e->pause(PauseMode::kKeep, Clock::now() + 300ms, /*clear_cache=*/true);
+  ASSERT_FALSE(paused);
+  EXPECT_EQ(paused.error().code, ErrorCode::kTimeout);
+  EXPECT_NE(paused.error().message.find("for remote readers"), std::string::npos) << paused.error().message;
+  EXPECT_NE(paused.error().message.find("nothing was reset or released"), std::string::npos)
+      << paused.error().message;
+  EXPECT_NE(paused.error().message.find("running as before the call"), std::string::npos) << paused.error().message;
+  EXPECT_EQ(e->state(), EngineState::kRunning);
+  auto slept = e->sleep(1, PauseMode::kKeep, Clock::now() + 300ms);
+  ASSERT_FALSE(slept);
+  EXPECT_EQ(e->state(), EngineState::kRunning);
+  EXPECT_EQ(e->status().resident, TagSet::all());
+
+  // A resume that comes while a pause waits for the blocks ends the wait: the
+  // pause says so, the resume answers, the engine runs.
+  std::atomic<bool> done{false};
+  Result<EngineStatus> waited = conflict("not yet");
+  std::thread t([&] {
+    waited = e->pause(PauseMode::kKeep, Clock::now() + 30s, /*clear_cache=*/true);
+    done = true;
+  });
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(done);
+  auto resumed = e->resume(soon());
+  t.join();
+  ASSERT_TRUE(resumed) << resumed.error().message;
+  EXPECT_EQ(resumed->state, EngineState::kRunning);
+  ASSERT_FALSE(waited);
+  EXPECT_EQ(waited.error().code, ErrorCode::kConflict);
+  EXPECT_NE(waited.error().message.find("a resume came"), std::string::npos) << waited.error().message;
+  EXPECT_EQ(run_prompts(*e), baseline);
+
+  // Once the transfers let go, the same pause clears the cache and every block is free.
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    c->let_go = true;
+  }
+  auto cleared = e->pause(PauseMode::kKeep, soon(), /*clear_cache=*/true);
+  ASSERT_TRUE(cleared) << cleared.error().message;
+  EXPECT_EQ(cleared->state, EngineState::kPaused);
+  for (auto end = Clock::now() + 5s; e->metrics().num_kv_blocks_in_use != 0 && Clock::now() < end;)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(e->metrics().num_kv_blocks_in_use, 0);
+  ASSERT_TRUE(e->resume(soon()));
+  EXPECT_EQ(run_prompts(*e), baseline);
+}
+
+TEST(EngineLifecycle, ARequestHeldLongerThanMaxHeldSecondsEndsWithAnErrorNamingTheState) {
+  EngineOptions o = options();
+  o.max_held_seconds = 0.3;
+  auto e = make_engine(o);
+  ASSERT_TRUE(e);
+  ASSERT_TRUE(e->sleep(1, PauseMode::kKeep, soon()));
+  auto s = e->submit({greedy("held", prompt(3, 20), 4)});
+  ASSERT_TRUE(s) << s.error().message;
+  const auto start = Clock::now();
+  std::optional<RequestFinish> finish;
+  while (!s->finished() && Clock::now() - start < 10s)
+    for (IndexedDelta& d : s->next(Clock::now() + 100ms))
+      if (d.delta.finish) finish = d.delta.finish;
+  ASSERT_TRUE(finish);
+  EXPECT_GE(Clock::now() - start, 250ms);
+  ASSERT_TRUE(finish->error);
+  EXPECT_EQ(finish->error->code, ErrorCode::kUnavailable);
+  EXPECT_NE(finish->error->message.find("sleeping_level_1"), std::string::npos) << finish->error->message;
+  EXPECT_NE(finish->error->message.find("/wake_up"), std::string::npos) << finish->error->message;
+  EXPECT_EQ(e->status().held_requests, 0);
+  ASSERT_TRUE(e->wake_up(TagSet::all(), soon()));
 }
 
 // ---- refusals ---------------------------------------------------------------------------
