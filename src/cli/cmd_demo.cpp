@@ -9,8 +9,14 @@
 // colocated engine, and prints one table: per request the TTFT through the
 // proxy, tokens generated, the KV bytes moved between P and D and the transfer
 // time (P's and D's /metrics before and after; requests run one at a time), and whether
-// the output equals the colocated engine's. Exit code 0 only when every
-// request succeeded with an identical output. On CUDA the engines run in
+// the output equals the colocated engine's. Then sleep while serving: with a
+// few requests streaming through the proxy, D and then P sleep (level 1,
+// mode keep) and wake, and a second table prints per step the memory each
+// gave back (its pool's bytes, and the device's free memory on CUDA), the
+// peers it invalidated and that acknowledged, how long sleep and wake took,
+// and whether every request that streamed across the sleep finished with
+// the colocated engine's output. Exit code 0 only when every request
+// succeeded with an identical output. On CUDA the engines run in
 // batch-invariant mode, whose results do not depend on chunking or batching.
 //
 // The model defaults to the embedded tiny Qwen3 (models/tiny-qwen3 of the
@@ -85,6 +91,22 @@ struct DemoResult {
   double transfer_ms = 0;
   bool equal = false;
   std::string text;
+};
+
+// One engine's sleep and wake while requests stream through the proxy.
+struct SleepStep {
+  std::string name;            // "D sleeps (level 1)"
+  bool ok = false;
+  std::string error;
+  double released_bytes = 0;   // the pool's, from the sleep's answer
+  std::optional<double> device_freed_bytes;  // CUDA: the device's free memory, asleep minus awake
+  int invalidated = 0;
+  int acked = 0;
+  double sleep_ms = 0;
+  double wake_ms = 0;
+  int requests = 0;            // that streamed across the sleep
+  int equal = 0;               // ... and finished with the colocated engine's output
+  std::vector<std::string> request_errors;
 };
 
 // ---------------------------------------------------------------------------
@@ -338,6 +360,101 @@ DemoResult run_one(const DemoRequest& req, const std::string& proxy, const std::
   return out;
 }
 
+// The text of one request streamed through the proxy, or an error.
+Result<std::string> stream_text(const DemoRequest& req, const std::string& proxy, std::chrono::seconds timeout) {
+  SIESTA_ASSIGN_OR_RETURN(HttpClient client, HttpClient::create(proxy, timeout));
+  std::string text;
+  std::string stream_error;
+  SIESTA_ASSIGN_OR_RETURN(HttpReply reply, client.post_events(req.path, req.body.dump(), [&](std::string_view data) {
+    if (data == "[DONE]") return false;
+    json chunk = json::parse(data, nullptr, false);
+    if (!chunk.is_object()) return true;
+    if (chunk.contains("error")) {
+      stream_error = chunk["error"].value("message", chunk["error"].dump());
+      return false;
+    }
+    text += chunk_text(chunk);
+    return true;
+  }));
+  if (reply.status != 200) return unavailable(error_of(reply));
+  if (!stream_error.empty()) return unavailable("stream error: " + stream_error);
+  return text;
+}
+
+Result<json> admin_post(const std::string& url, const std::string& path, std::chrono::seconds timeout) {
+  SIESTA_ASSIGN_OR_RETURN(HttpClient c, HttpClient::create(url, timeout));
+  SIESTA_ASSIGN_OR_RETURN(HttpReply r, c.post_json(path, ""));
+  if (r.status != 200) return unavailable(fmt::format("POST {}{}: {}", url, path, error_of(r)));
+  json j = json::parse(r.body, nullptr, false);
+  if (!j.is_object()) return corrupt(fmt::format("POST {}{}: the answer is not JSON", url, path));
+  return j;
+}
+
+// Free bytes of the device the engine allocates from (CUDA), from GET /memory.
+std::optional<double> device_free_bytes(const std::string& url, std::chrono::seconds timeout) {
+  auto c = HttpClient::create(url, timeout);
+  if (!c) return std::nullopt;
+  auto r = c->get("/memory");
+  if (!r || r->status != 200) return std::nullopt;
+  json j = json::parse(r->body, nullptr, false);
+  if (!j.is_object() || !j.contains("device") || j["device"].value("kind", "") != "cuda" ||
+      !j["device"].contains("free_bytes"))
+    return std::nullopt;
+  return j["device"]["free_bytes"].get<double>();
+}
+
+double sum_bytes(const json& per_tag) {
+  double sum = 0;
+  if (per_tag.is_object())
+    for (const auto& [tag, v] : per_tag.items())
+      if (v.is_number()) sum += v.get<double>();
+  return sum;
+}
+
+// `engine` sleeps (level 1, mode keep) and wakes while `requests` stream
+// through the proxy; each must finish with `reference`'s text.
+SleepStep sleep_while_serving(const std::string& name, const std::string& engine, const std::string& proxy,
+                              const std::vector<DemoRequest>& requests, const std::vector<std::string>& reference,
+                              std::chrono::seconds timeout) {
+  SleepStep step;
+  step.name = name;
+  step.requests = static_cast<int>(requests.size());
+  const std::optional<double> free_awake = device_free_bytes(engine, timeout);
+  std::vector<Result<std::string>> texts(requests.size(), Result<std::string>(unavailable("not sent")));
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < requests.size(); ++i)
+    clients.emplace_back([&, i] { texts[i] = stream_text(requests[i], proxy, timeout); });
+  // Let the requests reach the engines (prefill, transfer, decode) before the sleep.
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  auto slept = admin_post(engine, "/sleep?level=1&mode=keep", timeout);
+  if (slept) {
+    const json& call = (*slept)["call"];
+    step.released_bytes = sum_bytes(call["released_bytes"]);
+    step.sleep_ms = call.value("seconds", 0.0) * 1e3;
+    if (call.contains("kv_transfer")) {
+      step.invalidated = static_cast<int>(call["kv_transfer"]["invalidated"].size());
+      step.acked = static_cast<int>(call["kv_transfer"]["acked"].size());
+    }
+    if (const std::optional<double> free_asleep = device_free_bytes(engine, timeout); free_asleep && free_awake)
+      step.device_freed_bytes = *free_asleep - *free_awake;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // asleep while requests wait
+  }
+  auto woken = admin_post(engine, "/wake_up", timeout);
+  if (woken) step.wake_ms = (*woken)["call"].value("seconds", 0.0) * 1e3;
+  for (std::thread& t : clients) t.join();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (!texts[i]) {
+      step.request_errors.push_back(requests[i].name + ": " + texts[i].error().message);
+      continue;
+    }
+    if (*texts[i] == reference[i]) ++step.equal;
+  }
+  if (!slept) step.error = slept.error().message;
+  else if (!woken) step.error = woken.error().message;
+  step.ok = slept && woken && step.request_errors.empty();
+  return step;
+}
+
 std::string human_bytes(double b) {
   if (b >= 1024.0 * 1024) return fmt::format("{:.2f} MiB", b / (1024.0 * 1024));
   if (b >= 1024.0) return fmt::format("{:.1f} KiB", b / 1024.0);
@@ -357,6 +474,26 @@ void print_table(const std::vector<DemoResult>& results, const std::string& devi
     }
     std::cout << fmt::format("{:<18} {:>9.1f} {:>7} {:>12} {:>12.2f}  {}\n", r.name, r.ttft_ms, r.tokens,
                              human_bytes(r.kv_bytes), r.transfer_ms, r.equal ? "yes" : "NO");
+  }
+}
+
+void print_sleep_table(const std::vector<SleepStep>& steps, const std::string& device) {
+  std::cout << fmt::format("\nsleep while serving: each engine sleeps (level 1, mode keep) and wakes while {} "
+                           "requests stream through the proxy\n\n",
+                           steps.empty() ? 0 : steps.front().requests);
+  std::cout << fmt::format("{:<20} {:>12} {:>14} {:>19} {:>9} {:>8}  {}\n", "step", "pool freed",
+                           device == "cuda" ? "device freed" : "", "peers inval/acked", "sleep ms", "wake ms",
+                           "requests = colocated");
+  for (const SleepStep& st : steps) {
+    if (!st.error.empty()) {
+      std::cout << fmt::format("{:<20} FAILED: {}\n", st.name, st.error);
+      continue;
+    }
+    std::cout << fmt::format("{:<20} {:>12} {:>14} {:>19} {:>9.1f} {:>8.1f}  {}/{}{}\n", st.name,
+                             human_bytes(st.released_bytes),
+                             st.device_freed_bytes ? human_bytes(*st.device_freed_bytes) : std::string(),
+                             fmt::format("{}/{}", st.invalidated, st.acked), st.sleep_ms, st.wake_ms, st.equal,
+                             st.requests, st.request_errors.empty() ? "" : " (" + st.request_errors.front() + ")");
   }
 }
 
@@ -387,9 +524,9 @@ Result<bool> run_demo(const DemoFlags& f) {
     return ChildProcess::start(name, exe, args, logs / (name + ".log"));
   };
   std::vector<std::string> p_args = engine_args(model, device, threads);
-  p_args.insert(p_args.end(), {"--kv-transfer-config", connector_config("kv_producer", f)});
+  p_args.insert(p_args.end(), {"--kv-transfer-config", connector_config("kv_producer", f), "--enable-sleep-mode"});
   std::vector<std::string> d_args = engine_args(model, device, threads);
-  d_args.insert(d_args.end(), {"--kv-transfer-config", connector_config("kv_consumer", f)});
+  d_args.insert(d_args.end(), {"--kv-transfer-config", connector_config("kv_consumer", f), "--enable-sleep-mode"});
 
   SIESTA_ASSIGN_OR_RETURN(ChildProcess colocated, start("colocated", engine_args(model, device, threads)));
   ChildRegistration reg_c(colocated);
@@ -403,8 +540,11 @@ Result<bool> run_demo(const DemoFlags& f) {
     SIESTA_ASSIGN_OR_RETURN(std::string c_url, colocated.wait_for_listening(startup_deadline));
     SIESTA_ASSIGN_OR_RETURN(std::string p_url, prefill.wait_for_listening(startup_deadline));
     SIESTA_ASSIGN_OR_RETURN(std::string d_url, decode.wait_for_listening(startup_deadline));
-    SIESTA_ASSIGN_OR_RETURN(ChildProcess proxy, start("proxy", {"proxy", "--prefill", p_url, "--decode", d_url,
-                                                                "--host", "127.0.0.1", "--port", "0"}));
+    // The proxy's mode matches the engines': concurrent legs for WRITE, P's answer first for READ.
+    SIESTA_ASSIGN_OR_RETURN(ChildProcess proxy,
+                            start("proxy", {"proxy", "--prefill", p_url, "--decode", d_url, "--mode",
+                                            f.mode == "read" ? "sequential" : "concurrent", "--host", "127.0.0.1",
+                                            "--port", "0"}));
     ChildRegistration reg_x(proxy);
     SIESTA_ASSIGN_OR_RETURN(std::string x_url, proxy.wait_for_listening(startup_deadline));
     if (!f.json_output) {
@@ -418,6 +558,28 @@ Result<bool> run_demo(const DemoFlags& f) {
     }
     all_good = std::all_of(results.begin(), results.end(), [](const DemoResult& r) { return r.ok && r.equal; });
 
+    // Sleep while serving: D, then P, sleep and wake under a few streaming requests.
+    std::vector<DemoRequest> during = demo_requests(f.max_tokens);
+    during.resize(std::min<size_t>(during.size(), 4));
+    std::vector<std::string> reference;
+    for (const DemoRequest& req : during) {
+      json plain = req.body;
+      plain["stream"] = false;
+      plain.erase("stream_options");
+      auto ref_client = HttpClient::create(c_url, timeout);
+      if (!ref_client) return ref_client.error();
+      auto ref = ref_client->post_json(req.path, plain.dump());
+      if (!ref || ref->status != 200)
+        return unavailable("the colocated engine did not answer " + req.name + ": " +
+                           (ref ? error_of(*ref) : ref.error().message));
+      json ref_json = json::parse(ref->body, nullptr, false);
+      reference.push_back(ref_json.is_object() ? reply_text(ref_json) : std::string());
+    }
+    std::vector<SleepStep> steps;
+    steps.push_back(sleep_while_serving("D sleeps (level 1)", d_url, x_url, during, reference, timeout));
+    steps.push_back(sleep_while_serving("P sleeps (level 1)", p_url, x_url, during, reference, timeout));
+    for (const SleepStep& st : steps) all_good = all_good && st.ok && st.equal == st.requests;
+
     if (f.json_output) {
       json out = json::array();
       for (const DemoResult& r : results) {
@@ -427,10 +589,28 @@ Result<bool> run_demo(const DemoFlags& f) {
                        {"kv_bytes", r.kv_bytes},   {"transfer_ms", r.transfer_ms},
                        {"equal_colocated", r.equal}, {"text", r.text}});
       }
-      std::cout << json{{"device", device}, {"backend", f.backend}, {"mode", f.mode}, {"requests", out}}.dump(2)
+      json sleeps = json::array();
+      for (const SleepStep& st : steps) {
+        sleeps.push_back({{"step", st.name},
+                          {"ok", st.ok},
+                          {"error", st.error},
+                          {"pool_released_bytes", st.released_bytes},
+                          {"device_freed_bytes", st.device_freed_bytes ? json(*st.device_freed_bytes) : json()},
+                          {"peers_invalidated", st.invalidated},
+                          {"peers_acked", st.acked},
+                          {"sleep_ms", st.sleep_ms},
+                          {"wake_ms", st.wake_ms},
+                          {"requests", st.requests},
+                          {"equal_colocated", st.equal},
+                          {"request_errors", st.request_errors}});
+      }
+      std::cout << json{{"device", device},  {"backend", f.backend}, {"mode", f.mode},
+                        {"requests", out},   {"sleep_while_serving", sleeps}}
+                       .dump(2)
                 << std::endl;
     } else {
       print_table(results, device, f);
+      print_sleep_table(steps, device);
       std::cout << "\n"
                 << (all_good ? "every output equals the colocated engine's"
                              : "SOME REQUESTS FAILED OR DIFFER (logs: " + logs.string() + ")")
@@ -452,7 +632,8 @@ Result<bool> run_demo(const DemoFlags& f) {
 
 void add_demo_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "demo", "P/D disaggregation end to end: P, D, the proxy and a colocated reference on the tiny model");
+      "demo", "P/D disaggregation end to end: P, D, the proxy and a colocated reference on the tiny model, "
+             "then each engine sleeps and wakes while requests stream");
   auto f = std::make_shared<DemoFlags>();
   cmd->add_option("--model", f->model, "Model directory (default: the embedded tiny Qwen3, models/tiny-qwen3)");
   cmd->add_option("--device", f->device, "auto (CUDA when a GPU is usable), cpu or cuda")

@@ -79,6 +79,18 @@ def demo_json(backend, mode):
     # Shared-prefix requests may hit D's prefix cache; the others moved KV from P.
     moved = [r for r in reqs if r["kv_bytes"] > 0]
     assert len(moved) >= len(reqs) - 1, [(r["request"], r["kv_bytes"]) for r in reqs]
+    # Sleep while serving: D, then P, sleep and wake with requests streaming; every request keeps its output.
+    steps = report["sleep_while_serving"]
+    assert [s["step"] for s in steps] == ["D sleeps (level 1)", "P sleeps (level 1)"], steps
+    for s in steps:
+        assert s["ok"] and not s["error"] and not s["request_errors"], s
+        assert s["requests"] >= 3 and s["equal_colocated"] == s["requests"], s
+        assert s["pool_released_bytes"] > 0 and s["sleep_ms"] > 0 and s["wake_ms"] > 0, s
+        assert s["peers_acked"] == s["peers_invalidated"], s
+    # The engine whose memory its peer imported invalidates that peer: D in write mode (P writes into it),
+    # P in read mode (D reads from it).
+    importer = steps[0] if mode == "write" else steps[1]
+    assert importer["peers_invalidated"] == 1, steps
     return reqs
 
 
@@ -92,6 +104,7 @@ def table_output():
     assert rc == 0, f"demo exit {rc}: {out[-2000:]!r} {err[-2000:]!r}"
     assert "output = colocated" in out, out
     assert "every output equals the colocated engine's" in out, out
+    assert "sleep while serving" in out and "D sleeps (level 1)" in out and "P sleeps (level 1)" in out, out
     assert "NO" not in out.split(), out
 
 
