@@ -13,6 +13,8 @@ clear_cache, release_kv_cache_memory, reset_prefix_cache of running requests. Ev
            abort-mode call ran on an engine, and each must carry an error message
   lost     no answer within the client's deadline
 and the check asserts: 0 wrong, 0 lost, 0 errors outside abort calls, every admin call answered 200,
+every sleep and release left the KV cache released (and on CUDA the device's used memory lower than
+when everything was awake by 90% of what the call released, cuMemGetInfo through GET /memory),
 both engines running at the end, within 2 s of the last request 0 blocks held for remote readers,
 for loads or in use on either engine, each engine's pool resident again as when it was awake, and
 its mapped shared memory (RssShmem: the KV cache and weights live in memfds on the CPU) within 1% of
@@ -288,6 +290,7 @@ class Operator:
         self.rng = rng
         self.calls = []         # (engine, path, status, seconds, body)
         self.abort_windows = []  # (engine, start, end)
+        self.releases = []       # (engine, path, memory right after the call)
         self.scenarios = []
         self.lock = threading.Lock()
 
@@ -304,8 +307,23 @@ class Operator:
         except OSError as e:
             status, j = None, {"error": str(e)}
         end = time.monotonic()
+        releases = status == 200 and ("/sleep?level=1" in path or "/sleep?level=2" in path or "release_kv" in path)
+        memory = None
+        if releases:
+            # What the engine holds right after it released: its KV cache none; on CUDA the device's
+            # memory in use (cuMemGetInfo, device-wide) is what the call gave back lower than when all was awake.
+            try:
+                st, raw = http_request(self.engines[who].port, "GET", "/memory", timeout=20)
+                m = json.loads(raw) if st == 200 else {}
+                memory = {"kv_resident": m["tags"]["kv_cache"]["resident_bytes"],
+                          "device_used": m["device"].get("used_bytes"),
+                          "released": sum(j["call"]["released_bytes"].values())}
+            except (OSError, ValueError, KeyError) as e:
+                memory = {"error": str(e)}
         with self.lock:
             self.calls.append((who, path, status, end - start, j))
+            if memory is not None:
+                self.releases.append((who, path, memory))
             if "mode=abort" in path:
                 self.abort_windows.append((who, start, end))
         return status, j
@@ -401,6 +419,7 @@ def soak_pair(backend, mode, results):
             o = generate(proxy.port, path, body, {"X-Request-Id": f"{tag}-warm-{i}-{time.monotonic_ns()}"})
             assert o.kind == "done" and o.tokens == refs[i], (o.kind, o.detail)
         awake = {who: awake_memory(e)[0] for who, e in engines.items()}
+        device_used_awake = awake_memory(p)[1]["device"].get("used_bytes")
         mapped_awake = {who: e.memfd_mapped() for who, e in engines.items()}
         before = {who: metrics(e.port) for who, e in engines.items()}
 
@@ -469,6 +488,23 @@ def soak_pair(backend, mode, results):
         def every_admin_call_200():
             assert not failed_calls, failed_calls[:5]
         checks.check(f"{tag}: every admin call answered 200", every_admin_call_200)
+
+        def every_release_frees_the_memory():
+            assert operator.releases, "no sleep or release_kv_cache_memory succeeded"
+            freed = []
+            for who, path, m in operator.releases:
+                assert "error" not in m, (who, path, m)
+                assert m["kv_resident"] == 0, (who, path, m)
+                if ON_CUDA and device_used_awake is not None:
+                    # The device (shared by P, D and the reference) uses less than when everything was awake
+                    # by at least 90% of what this call released; the other engine is at most awake.
+                    assert m["device_used"] <= device_used_awake - 0.9 * m["released"], (who, path, m,
+                                                                                         device_used_awake)
+                    freed.append(device_used_awake - m["device_used"])
+            summary["releases"] = len(operator.releases)
+            if freed:
+                summary["device_freed_bytes_min_max"] = [min(freed), max(freed)]
+        checks.check(f"{tag}: every sleep and release gave its memory back", every_release_frees_the_memory)
 
         def running_and_nothing_held():
             for who, e in engines.items():
