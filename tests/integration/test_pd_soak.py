@@ -585,9 +585,26 @@ finally:
     if colocated:
         colocated.stop()
     if args.json:
+        commit = os.environ.get("SIESTA_COMMIT")
+        if not commit:
+            try:
+                commit = subprocess.run(["git", "-C", args.source, "rev-parse", "HEAD"], capture_output=True,
+                                        text=True, timeout=10).stdout.strip()
+            except (OSError, subprocess.SubprocessError):
+                commit = None
+        gpu = None
+        if ON_CUDA:
+            try:
+                gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                     capture_output=True, text=True, timeout=20).stdout.strip()
+            except (OSError, subprocess.SubprocessError):
+                gpu = None
         with open(args.json, "w") as f:
-            json.dump({"seed": SEED, "device": args.device, "duration_s_per_pair": args.duration_s,
-                       "clients": args.clients, "pairs": results}, f, indent=1)
+            json.dump({"commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       "machine": {"cpus": os.cpu_count(), "gpu": gpu, "uname": " ".join(os.uname())},
+                       "seed": SEED, "device": args.device, "extra_serve_args": args.extra_serve_args,
+                       "duration_s_per_pair": args.duration_s, "clients": args.clients, "pairs": results}, f,
+                      indent=1)
     if checks.failed == 0 and not os.environ.get("SIESTA_TEST_KEEP_LOGS"):
         shutil.rmtree(tmp, ignore_errors=True)
     else:
