@@ -314,6 +314,13 @@ class LifecycleTurn {
 
 namespace {
 
+// The deadline of work on the loop: a little before the caller's, so that
+// the work ends (and says why) before the caller stops waiting for it.
+Deadline loop_deadline(Deadline caller) {
+  const auto left = caller - Clock::now();
+  return caller - std::min<Clock::duration>(std::chrono::milliseconds(500), left / 10);
+}
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -406,7 +413,8 @@ Result<EngineStatus> Engine::pause(PauseMode mode, Deadline deadline, bool clear
   if (clear_cache) {
     auto cleared = run_on_loop(
         [this, deadline, &report]() -> Result<void> {
-          SIESTA_ASSIGN_OR_RETURN(KvReleaseReport kv, release_kv_blocks(KvReleaseScope::kReset, "pause", deadline));
+          SIESTA_ASSIGN_OR_RETURN(KvReleaseReport kv,
+                                  release_kv_blocks(KvReleaseScope::kReset, "pause", loop_deadline(deadline)));
           if (connector_) report.kv_transfer = std::move(kv);
           return {};
         },
@@ -487,8 +495,8 @@ Result<EngineStatus> Engine::reset_prefix_cache(bool reset_running_requests, Dea
           return conflict("cannot reset the prefix cache: " + std::to_string(ss.num_running) +
                           " requests are running; retry when they finish, or reset with reset_running_requests=true "
                           "to preempt them (they recompute)");
-        SIESTA_ASSIGN_OR_RETURN(KvReleaseReport kv,
-                                release_kv_blocks(KvReleaseScope::kReset, "reset_prefix_cache", deadline));
+        SIESTA_ASSIGN_OR_RETURN(KvReleaseReport kv, release_kv_blocks(KvReleaseScope::kReset, "reset_prefix_cache",
+                                                                      loop_deadline(deadline)));
         if (connector_) report.kv_transfer = std::move(kv);
         return {};
       },
@@ -520,8 +528,8 @@ Result<EngineStatus> Engine::sleep(int level, PauseMode mode, Deadline deadline)
                       "and the engine runs on");
   }
   EngineCallReport report;
-  if (auto slept = run_on_loop([this, level, deadline, &report] { return sleep_on_loop(level, deadline, report); },
-                               deadline);
+  if (auto slept = run_on_loop(
+          [this, level, deadline, &report] { return sleep_on_loop(level, loop_deadline(deadline), report); }, deadline);
       !slept) {
     // What failed before anything was released undoes the pause: the engine goes on as it was.
     bool undone = false;
@@ -658,7 +666,8 @@ Result<EngineStatus> Engine::release_kv_cache_memory(Deadline deadline) {
   SIESTA_ASSIGN_OR_RETURN(LifecycleTurn turn, LifecycleTurn::take(lifecycle_, deadline, "release_kv_cache_memory"));
   const Clock::time_point start = Clock::now();
   EngineCallReport report;
-  SIESTA_TRY(run_on_loop([this, deadline, &report] { return release_kv_on_loop(deadline, report); }, deadline));
+  SIESTA_TRY(run_on_loop([this, deadline, &report] { return release_kv_on_loop(loop_deadline(deadline), report); },
+                         deadline));
   EngineStatus s = status();
   report.seconds = seconds_since(start);
   s.call = std::move(report);

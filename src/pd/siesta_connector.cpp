@@ -278,10 +278,11 @@ Result<KvReleaseReport> SiestaConnector::release_transfer_kv(KvReleaseScope scop
     return report;
   }
   // Peers that imported our memory drop it (each ACK says so); a peer that
-  // does not answer within a message timeout is skipped: ours is deregistered
+  // does not answer in time is skipped: ours is deregistered
   // next, so whatever it kept names memory we no longer use.
-  transfer::InvalidateReport inv =
-      transfers_->invalidate_peers(std::min(deadline, Clock::now() + config_.message_timeout));
+  // A peer answers once its own transfers to us ended (each bounded by transfer_timeout_s).
+  transfer::InvalidateReport inv = transfers_->invalidate_peers(
+      std::min(deadline, Clock::now() + config_.message_timeout + config_.transfer_timeout));
   for (const std::string& id : inv.acked) report.invalidated.push_back(id);
   for (const transfer::MetaFetcher& f : inv.unanswered) report.invalidated.push_back(f.engine_id);
   report.acked = inv.acked;
