@@ -285,6 +285,19 @@ std::string error_of(const HttpReply& r) {
   return fmt::format("HTTP {}: {}", r.status, r.body.substr(0, 200));
 }
 
+// The colocated engine's text for `req`, sent whole (not streamed).
+Result<std::string> reference_text(const DemoRequest& req, const std::string& colocated, std::chrono::seconds timeout) {
+  json plain = req.body;
+  plain["stream"] = false;
+  plain.erase("stream_options");
+  SIESTA_ASSIGN_OR_RETURN(HttpClient client, HttpClient::create(colocated, timeout));
+  SIESTA_ASSIGN_OR_RETURN(HttpReply ref, client.post_json(req.path, plain.dump()));
+  if (ref.status != 200) return unavailable(error_of(ref));
+  json ref_json = json::parse(ref.body, nullptr, false);
+  if (!ref_json.is_object()) return corrupt("the answer is not JSON");
+  return reply_text(ref_json);
+}
+
 DemoResult run_one(const DemoRequest& req, const std::string& proxy, const std::vector<std::string>& engines,
                    const std::string& colocated, std::chrono::seconds timeout) {
   DemoResult out;
@@ -337,25 +350,12 @@ DemoResult run_one(const DemoRequest& req, const std::string& proxy, const std::
     out.transfer_ms = (after->seconds - before->seconds) * 1e3;
   }
 
-  json plain = req.body;
-  plain["stream"] = false;
-  plain.erase("stream_options");
-  auto ref_client = HttpClient::create(colocated, timeout);
-  if (!ref_client) {
-    out.error = "colocated: " + ref_client.error().message;
-    return out;
-  }
-  auto ref = ref_client->post_json(req.path, plain.dump());
+  auto ref = reference_text(req, colocated, timeout);
   if (!ref) {
     out.error = "colocated: " + ref.error().message;
     return out;
   }
-  if (ref->status != 200) {
-    out.error = "colocated: " + error_of(*ref);
-    return out;
-  }
-  json ref_json = json::parse(ref->body, nullptr, false);
-  out.equal = ref_json.is_object() && reply_text(ref_json) == out.text;
+  out.equal = *ref == out.text;
   out.ok = true;
   return out;
 }
@@ -563,17 +563,9 @@ Result<bool> run_demo(const DemoFlags& f) {
     during.resize(std::min<size_t>(during.size(), 4));
     std::vector<std::string> reference;
     for (const DemoRequest& req : during) {
-      json plain = req.body;
-      plain["stream"] = false;
-      plain.erase("stream_options");
-      auto ref_client = HttpClient::create(c_url, timeout);
-      if (!ref_client) return ref_client.error();
-      auto ref = ref_client->post_json(req.path, plain.dump());
-      if (!ref || ref->status != 200)
-        return unavailable("the colocated engine did not answer " + req.name + ": " +
-                           (ref ? error_of(*ref) : ref.error().message));
-      json ref_json = json::parse(ref->body, nullptr, false);
-      reference.push_back(ref_json.is_object() ? reply_text(ref_json) : std::string());
+      auto ref = reference_text(req, c_url, timeout);
+      if (!ref) return ref.error().with_context("the colocated engine did not answer " + req.name);
+      reference.push_back(std::move(*ref));
     }
     std::vector<SleepStep> steps;
     steps.push_back(sleep_while_serving("D sleeps (level 1)", d_url, x_url, during, reference, timeout));

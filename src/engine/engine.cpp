@@ -331,6 +331,13 @@ void add(memory::TagBytes& into, const memory::TagBytes& bytes) {
 
 }  // namespace
 
+EngineStatus Engine::status_after(Clock::time_point start, EngineCallReport report) const {
+  EngineStatus s = status();
+  report.seconds = seconds_since(start);
+  s.call = std::move(report);
+  return s;
+}
+
 EngineStatus Engine::status() const {
   EngineStatus s;
   s.state = state_.load();
@@ -427,10 +434,7 @@ Result<EngineStatus> Engine::pause(PauseMode mode, Deadline deadline, bool clear
                             (undone ? " as before the call" : "") + " (call pause again, or pause with clear_cache=false)");
     }
   }
-  EngineStatus s = status();
-  report.seconds = seconds_since(start);
-  s.call = std::move(report);
-  return s;
+  return status_after(start, std::move(report));
 }
 
 Result<void> Engine::pause_on_loop(PauseMode mode) {
@@ -478,10 +482,7 @@ Result<EngineStatus> Engine::resume(Deadline deadline) {
         return {};
       },
       deadline));
-  EngineStatus s = status();
-  report.seconds = seconds_since(start);
-  s.call = std::move(report);
-  return s;
+  return status_after(start, std::move(report));
 }
 
 Result<EngineStatus> Engine::reset_prefix_cache(bool reset_running_requests, Deadline deadline) {
@@ -501,10 +502,7 @@ Result<EngineStatus> Engine::reset_prefix_cache(bool reset_running_requests, Dea
         return {};
       },
       deadline));
-  EngineStatus s = status();
-  report.seconds = seconds_since(start);
-  s.call = std::move(report);
-  return s;
+  return status_after(start, std::move(report));
 }
 
 Result<EngineStatus> Engine::sleep(int level, PauseMode mode, Deadline deadline) {
@@ -540,10 +538,7 @@ Result<EngineStatus> Engine::sleep(int level, PauseMode mode, Deadline deadline)
                                           : undone ? " as before the call; nothing was released (call sleep again)"
                                                    : " (call sleep again, or resume to serve)"));
   }
-  EngineStatus s = status();
-  report.seconds = seconds_since(start);
-  s.call = std::move(report);
-  return s;
+  return status_after(start, std::move(report));
 }
 
 Result<void> Engine::sleep_on_loop(int level, Deadline deadline, EngineCallReport& report) {
@@ -606,10 +601,7 @@ Result<EngineStatus> Engine::wake_up(memory::TagSet tags, Deadline deadline) {
   const Clock::time_point start = Clock::now();
   EngineCallReport report;
   SIESTA_TRY(run_on_loop([this, tags, &report] { return wake_on_loop(tags, report); }, deadline));
-  EngineStatus s = status();
-  report.seconds = seconds_since(start);
-  s.call = std::move(report);
-  return s;
+  return status_after(start, std::move(report));
 }
 
 Result<void> Engine::wake_on_loop(memory::TagSet tags, EngineCallReport& report) {
@@ -668,10 +660,7 @@ Result<EngineStatus> Engine::release_kv_cache_memory(Deadline deadline) {
   EngineCallReport report;
   SIESTA_TRY(run_on_loop([this, deadline, &report] { return release_kv_on_loop(loop_deadline(deadline), report); },
                          deadline));
-  EngineStatus s = status();
-  report.seconds = seconds_since(start);
-  s.call = std::move(report);
-  return s;
+  return status_after(start, std::move(report));
 }
 
 Result<void> Engine::release_kv_on_loop(Deadline deadline, EngineCallReport& report) {
@@ -725,10 +714,7 @@ Result<EngineStatus> Engine::reload_weights(std::optional<std::filesystem::path>
         return reload_on_loop(dir, report);
       },
       deadline));
-  EngineStatus s = status();
-  report.seconds = seconds_since(start);
-  s.call = std::move(report);
-  return s;
+  return status_after(start, std::move(report));
 }
 
 Result<void> Engine::reload_on_loop(const std::filesystem::path& dir, EngineCallReport& report) {

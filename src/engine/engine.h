@@ -173,6 +173,8 @@ class Engine {
   // The one place state_ changes (next_engine_state); logs the change.
   Result<EngineState> transition(EngineEvent event);
   Result<void> require_sleep_mode(const char* call) const;
+  // The status a lifecycle call answers: status() with what the call did, timed from `start`.
+  EngineStatus status_after(std::chrono::steady_clock::time_point start, EngineCallReport report) const;
 
   // Lifecycle work on the loop thread.
   Result<void> pause_on_loop(PauseMode mode);

@@ -6,8 +6,10 @@ the script's exit code is 0 only if every check passed.
 """
 import argparse
 import array
+import http.client
 import json
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -27,6 +29,77 @@ def run(cmd, input=None, timeout=300):
     """Runs cmd; returns (returncode, stdout, stderr)."""
     r = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
     return r.returncode, r.stdout, r.stderr
+
+
+class SiestaProcess:
+    """A siesta subprocess logging to LOG_DIR/NAME.log; its 'listening on http://HOST:PORT' line gives the port."""
+
+    def __init__(self, siesta, name, argv, log_dir, env=None, log_level="info", start_timeout_s=60):
+        self.name = name
+        self.log_path = os.path.join(log_dir, f"{name}.log")
+        self.log = open(self.log_path, "w")
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.proc = subprocess.Popen([siesta, "--log-level", log_level, *argv], stdout=self.log,
+                                     stderr=subprocess.STDOUT, env=full_env)
+        self.port = None
+        end = time.monotonic() + start_timeout_s
+        while time.monotonic() < end and self.port is None and self.proc.poll() is None:
+            m = re.search(r"listening on http://[0-9.]+:(\d+)", open(self.log_path).read())
+            if m:
+                self.port = int(m.group(1))
+            else:
+                time.sleep(0.05)
+        if self.port is None:
+            self.stop()
+            raise RuntimeError(f"{name} did not start: {open(self.log_path).read()[-3000:]}")
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait(timeout=15)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=15)
+        self.log.close()
+        return self.proc.returncode
+
+
+def http_request(port, method, path, body=None, headers=None, timeout=60):
+    """(status, body bytes) of one request to 127.0.0.1:port; body is sent as JSON."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        h = {"Content-Type": "application/json"} if data is not None else {}
+        h.update(headers or {})
+        conn.request(method, path, body=data, headers=h)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def metrics(port):
+    """{name or name{labels}: value} of a /metrics page (model_name label dropped)."""
+    status, raw = http_request(port, "GET", "/metrics", timeout=10)
+    assert status == 200, status
+    out = {}
+    for line in raw.decode().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, value = line.rsplit(" ", 1)
+        name = re.sub(r',?model_name="[^"]*"', "", name).replace("{}", "").replace("{,", "{")
+        out[name] = float(value)
+    return out
 
 
 def post_without_length(port, path, headers=b"", timeout=60):

@@ -28,17 +28,16 @@ import http.client
 import json
 import os
 import random
-import re
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from siesta_test_util import Checks, expect_clean_error, parse_args, run  # noqa: E402
+from siesta_test_util import (Checks, SiestaProcess, expect_clean_error, http_request, metrics,  # noqa: E402
+                              parse_args, run)
 
 args = parse_args()
 SIESTA = args.siesta
@@ -62,66 +61,13 @@ def free_port():
         return s.getsockname()[1]
 
 
-def http_request(port, method, path, body=None, headers=None, timeout=HTTP_TIMEOUT_S):
-    """(status, body bytes) of one request."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        data = json.dumps(body).encode() if body is not None else None
-        h = {"Content-Type": "application/json"} if data is not None else {}
-        h.update(headers or {})
-        conn.request(method, path, body=data, headers=h)
-        r = conn.getresponse()
-        return r.status, r.read()
-    finally:
-        conn.close()
-
-
 def post_json(port, path, body, timeout=HTTP_TIMEOUT_S):
     status, raw = http_request(port, "POST", path, body, timeout=timeout)
     return status, (json.loads(raw) if raw else None)
 
 
-class Process:
-    """A siesta subprocess logging to a file; its 'listening on http://HOST:PORT' line gives the port."""
-
-    def __init__(self, name, argv, env=None):
-        self.name = name
-        self.log_path = os.path.join(tmp, f"{name}.log")
-        self.log = open(self.log_path, "w")
-        full_env = dict(os.environ)
-        full_env.update(env or {})
-        self.proc = subprocess.Popen([SIESTA, "--log-level", "info", *argv], stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=full_env)
-        self.port = None
-        end = time.monotonic() + 60
-        while time.monotonic() < end and self.port is None and self.proc.poll() is None:
-            m = re.search(r"listening on http://[0-9.]+:(\d+)", open(self.log_path).read())
-            if m:
-                self.port = int(m.group(1))
-            else:
-                time.sleep(0.05)
-        if self.port is None:
-            self.stop()
-            raise RuntimeError(f"{name} did not start: {open(self.log_path).read()[-3000:]}")
-
-    @property
-    def url(self):
-        return f"http://127.0.0.1:{self.port}"
-
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait(timeout=15)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=15)
-        self.log.close()
-        return self.proc.returncode
+def Process(name, argv, env=None):
+    return SiestaProcess(SIESTA, name, argv, tmp, env=env)
 
 
 def kv_config(role, backend, mode, hold_s):
@@ -135,20 +81,6 @@ def kv_config(role, backend, mode, hold_s):
 def serve(name, *extra, env=None, port=0):
     return Process(name, ["serve", "--model", MODEL, "--port", str(port), "--enable-sleep-mode", *SERVE_ARGS, *extra],
                    env=env)
-
-
-def metrics(port):
-    """{name or name{labels}: value} of a /metrics page (model_name label dropped)."""
-    status, raw = http_request(port, "GET", "/metrics", timeout=10)
-    assert status == 200, status
-    out = {}
-    for line in raw.decode().splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name, value = line.rsplit(" ", 1)
-        name = re.sub(r',?model_name="[^"]*"', "", name).replace("{}", "").replace("{,", "{")
-        out[name] = float(value)
-    return out
 
 
 def wait_for(predicate, within_s, what):

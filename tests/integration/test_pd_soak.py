@@ -32,7 +32,6 @@ import http.client
 import json
 import os
 import random
-import re
 import shutil
 import socket
 import subprocess
@@ -43,7 +42,7 @@ import time
 import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from siesta_test_util import Checks  # noqa: E402
+from siesta_test_util import Checks, SiestaProcess, http_request, metrics  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--siesta", required=True)
@@ -77,56 +76,12 @@ UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}
 print(f"soak seed {SEED} (pass --seed {SEED} to repeat the operation and request mix)", flush=True)
 
 
-def http_request(port, method, path, body=None, headers=None, timeout=ADMIN_TIMEOUT_S):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        data = json.dumps(body).encode() if body is not None else None
-        h = {"Content-Type": "application/json"} if data is not None else {}
-        h.update(headers or {})
-        conn.request(method, path, body=data, headers=h)
-        r = conn.getresponse()
-        return r.status, r.read()
-    finally:
-        conn.close()
-
-
-class Process:
-    """A siesta subprocess logging to a file; its 'listening on http://HOST:PORT' line gives the port."""
+class Process(SiestaProcess):
+    """A siesta subprocess, with what the soak reads of its memory."""
 
     def __init__(self, name, argv, env=None):
-        self.name = name
-        self.log_path = os.path.join(tmp, f"{name}.log")
-        self.log = open(self.log_path, "w")
-        full_env = dict(os.environ)
-        full_env.update(env or {})
-        self.proc = subprocess.Popen([SIESTA, "--log-level", os.environ.get("SIESTA_SOAK_LOG_LEVEL", "info"), *argv], stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=full_env)
-        self.port = None
-        end = time.monotonic() + 120
-        while time.monotonic() < end and self.port is None and self.proc.poll() is None:
-            m = re.search(r"listening on http://[0-9.]+:(\d+)", open(self.log_path).read())
-            if m:
-                self.port = int(m.group(1))
-            else:
-                time.sleep(0.05)
-        if self.port is None:
-            self.stop()
-            raise RuntimeError(f"{name} did not start: {open(self.log_path).read()[-3000:]}")
-
-    @property
-    def url(self):
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=15)
-        self.log.close()
-        return self.proc.returncode
+        super().__init__(SIESTA, name, argv, tmp, env=env, log_level=os.environ.get("SIESTA_SOAK_LOG_LEVEL", "info"),
+                         start_timeout_s=120)
 
     def memfd_mapped(self):
         """Bytes of memfd mappings (its own pool's and the peer memory it imported) in the process."""
@@ -161,19 +116,6 @@ def kv_config(role, backend, mode):
 def serve(name, *extra, env=None):
     return Process(name, ["serve", "--model", MODEL, "--port", "0", "--enable-sleep-mode", *SERVE_ARGS, *extra],
                    env=env)
-
-
-def metrics(port):
-    status, raw = http_request(port, "GET", "/metrics", timeout=10)
-    assert status == 200, status
-    out = {}
-    for line in raw.decode().splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name, value = line.rsplit(" ", 1)
-        name = re.sub(r',?model_name="[^"]*"', "", name).replace("{}", "").replace("{,", "{")
-        out[name] = float(value)
-    return out
 
 
 HELD_KEYS = ("siesta:kv_blocks_in_use", "siesta:kv_blocks_held_for_remote", "siesta:kv_blocks_held_for_loads")
