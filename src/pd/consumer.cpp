@@ -369,6 +369,15 @@ void Consumer::run_write_start(const RequestId& id) {
     ctx_.kick();
     return;
   }
+  if (auto engine = reply->body.find("engine_id");
+      engine != reply->body.end() && engine->is_string() && engine->get<std::string>() != l.source.producer_engine) {
+    // The side channel at that address serves another engine than the lookup
+    // said (the producer restarted): its write and notification come from it.
+    SIESTA_LOG_INFO("pd: the producer at {} is engine {} now, not {} (restarted); request {} waits for its write",
+                    found->address, engine->get<std::string>(), l.source.producer_engine, l.id);
+    l.source.producer_engine = engine->get<std::string>();
+    ctx_.port.forget_prefill(source.prefill_url);
+  }
   if (l.state == LoadState::kAsked) transition(l, LoadEvent::kAccepted, "the producer writes after its prefill");
 }
 

@@ -258,7 +258,7 @@ std::string Producer::on_write(const WriteRequest& m) {
                             "their requests; retry later");
     parked_[key] = target_of(m);
     ctx_.kick();
-    return encode_ok();
+    return encode_ok({{"engine_id", ctx_.port.engine_id()}});
   }
   Send& s = sends_.at(by->second);
   if (s.state == SendState::kDone || s.state == SendState::kDraining)
@@ -267,7 +267,9 @@ std::string Producer::on_write(const WriteRequest& m) {
   if (std::string bad = check_prompt(s, m.prompt, kv); !bad.empty()) return encode_refusal(bad);
   s.target = target_of(m);
   if (s.state == SendState::kReady) start_write(s);
-  return encode_ok();
+  // Who accepted: a consumer that found us through a cached lookup learns
+  // that another engine (a restarted one) answers at this address now.
+  return encode_ok({{"engine_id", ctx_.port.engine_id()}});
 }
 
 std::string Producer::on_cancel(const CancelRequest& m) {

@@ -354,6 +354,21 @@ TEST(PdConsumer, AWriteLoadEndedInAnyStateRecomputesTellsTheProducerAndGivesItsB
   }
 }
 
+TEST(PdConsumer, AProducerRestartedAtTheSameAddressIsFollowedAtItsFirstAnswer) {
+  ConsumerCase c(TransferMode::kWrite);
+  // The lookup (cached) names prefill-0; the engine that answers the write request is a new one.
+  c.h.port.responder = [](const PdMessage& m) -> std::optional<std::string> {
+    if (std::holds_alternative<WriteRequest>(m)) return encode_ok({{"engine_id", "prefill-0-restarted"}});
+    return std::nullopt;
+  };
+  c.drive_to(LoadState::kAwaitingWrite);
+  // Its notification is the load's, not a stranger's.
+  c.consumer.on_written(Written{"r1", 3072, nullptr, 0}, kProducerEngine);
+  EXPECT_EQ(c.state(), LoadState::kAwaitingWrite);  // from the old engine id: ignored
+  c.consumer.on_written(Written{"r1", 3072, nullptr, 0}, "prefill-0-restarted");
+  EXPECT_EQ(c.state(), LoadState::kLoaded);
+}
+
 TEST(PdConsumer, AnEndingWriteLoadIsQuietWhenTheProducerSaysItIsNotWritingOrAtTheWriteGrace) {
   {
     ConsumerCase c(TransferMode::kWrite);
