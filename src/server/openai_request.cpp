@@ -521,6 +521,8 @@ Result<GenerationJob> parse_chat_request(const nlohmann::json& body, const nlohm
     if (rendered.thinking && end_think && !reasoning_closed(job.prompt_text)) {
       s.params.force_after_token = *end_think;
       prefix = "\n\n" + prefix;
+    } else if (o.reasoning == ReasoningMode::kSplit) {
+      o.reasoning = ReasoningMode::kContentOnly;  // the answer starts with the call: no reasoning first
     }
     s.params.forced_tokens = tok.encode(prefix);
   }

@@ -225,8 +225,16 @@ def echo_and_chat_logprobs():
     assert echoed == prompt + plain, (echoed, plain)
     s = collect_stream(stream(PORT, "/v1/completions", dict(base, echo=True, stream=True)))[0]
     assert s["text"] == prompt + plain
-    s, b = request(PORT, "POST", "/v1/completions", dict(base, echo=True, logprobs=1))
-    expect_error(s, b, 400, "echo")
+    # echo with logprobs: the prompt's tokens lead the logprobs (the first without a value), then the
+    # output's, as without echo.
+    lp = post(PORT, "/v1/completions", dict(base, logprobs=1))["choices"][0]["logprobs"]
+    e = post(PORT, "/v1/completions", dict(base, echo=True, logprobs=1))["choices"][0]
+    n = len(golden["prompts"][0]["input_ids"])
+    assert len(e["logprobs"]["tokens"]) == n + 5 and e["logprobs"]["token_logprobs"][0] is None, e["logprobs"]
+    assert e["logprobs"]["top_logprobs"][0] is None and e["text"] == prompt + plain
+    assert e["logprobs"]["tokens"][n:] == lp["tokens"] and e["logprobs"]["token_logprobs"][n:] == lp["token_logprobs"]
+    assert "".join(e["logprobs"]["tokens"]) == e["text"]
+    assert len(e["prompt_logprobs"]) == n and e["prompt_logprobs"][0] is None
     r = post(PORT, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
                                             "temperature": 0, "ignore_eos": True, "logprobs": True,
                                             "top_logprobs": 3})
@@ -449,7 +457,15 @@ def api_key_is_required_everywhere_but_health():
     keyed = Server("--api-key", "sesame", "--max-model-len", "256")
     good = {"Authorization": "Bearer sesame"}
     assert request(keyed.port, "GET", "/health")[0] == 200
-    for method, path, body in [("GET", "/v1/models", None), ("GET", "/metrics", None),
+    # A Prometheus scraper holds no key; a browser's CORS preflight neither.
+    assert request(keyed.port, "GET", "/metrics")[0] == 200
+    s, _ = request(keyed.port, "OPTIONS", "/v1/chat/completions",
+                   headers={"Origin": "http://x", "Access-Control-Request-Method": "POST"})
+    assert s == 204, s
+    # The scheme in any case, as RFC 7235 reads it.
+    assert request(keyed.port, "GET", "/v1/models", headers={"Authorization": "bearer sesame"})[0] == 200
+    for method, path, body in [("GET", "/v1/models", None), ("GET", f"/v1/models/{MODEL}", None),
+                               ("GET", "/server_info", None),
                                ("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2}),
                                ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
                                ("POST", "/tokenize", {"prompt": "x"}), ("POST", "/detokenize", {"tokens": [1]})]:
@@ -461,6 +477,11 @@ def api_key_is_required_everywhere_but_health():
     assert post(keyed.port, "/v1/completions", {"prompt": "x", "max_tokens": 2}, headers=good)["choices"]
     assert metric(metrics(keyed.port, headers=good), "siesta:request_success_total", finished_reason="length") == 1
     keyed.stop()
+    closed = Server("--api-key", "sesame", "--metrics-require-key")
+    s, b = request(closed.port, "GET", "/metrics")
+    expect_error(s, b, 401, None, "invalid_api_key")
+    assert request(closed.port, "GET", "/metrics", headers=good)[0] == 200
+    closed.stop()
 
 
 # ---- chat -------------------------------------------------------------------------------------------------
