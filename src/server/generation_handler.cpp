@@ -44,12 +44,15 @@ void answer_streaming(ServerContext& ctx, std::shared_ptr<StreamingSession> sess
           sink.done();
           return true;
         }
-        if (!s.started) {
+        const std::vector<IndexedDelta> deltas = s.stream.next(Clock::now() + ctx.options.client_poll_interval);
+        // The role chunk goes with the first token, as vLLM sends it (a client
+        // timing its first chunk measures the first token).
+        if (!s.started && (!deltas.empty() || s.stream.finished())) {
           s.started = true;
           for (const nlohmann::json& c : s.response.start_chunks())
             if (!write(sink, sse(c))) return false;
         }
-        for (const IndexedDelta& d : s.stream.next(Clock::now() + ctx.options.client_poll_interval))
+        for (const IndexedDelta& d : deltas)
           for (const nlohmann::json& c : s.response.chunks(d))
             if (!write(sink, sse(c))) return false;
         if (s.stream.finished()) {

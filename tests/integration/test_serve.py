@@ -530,18 +530,37 @@ def tokenize_detokenize_and_models():
 # ---- bench serve -----------------------------------------------------------------------------------------
 
 def bench_serve_reports_and_writes_json():
-    out = os.path.join(tmp, "bench.json")
-    rc, stdout, err = run([SIESTA, "bench", "serve", "--url", f"http://127.0.0.1:{PORT}", "--num-prompts", "12",
-                           "--concurrency", "4", "--input-len", "24", "--output-len", "8", "--result-file", out],
+    # vLLM's flags, summary and result JSON.
+    out = os.path.join(tmp, "bench")
+    rc, stdout, err = run([SIESTA, "bench", "serve", "--base-url", f"http://127.0.0.1:{PORT}", "--num-prompts", "12",
+                           "--max-concurrency", "4", "--random-input-len", "24", "--random-output-len", "8",
+                           "--save-result", "--result-dir", out, "--result-filename", "b.json", "--disable-tqdm",
+                           "--metadata", "run=ci"],
                           timeout=120)
     assert rc == 0, err
-    assert "TTFT" in stdout and "ITL" in stdout, stdout
-    j = json.load(open(out))
-    assert j["completed"] == 12 and j["failed"] == 0
-    assert j["total_output_tokens"] == 96
-    for k in ("ttft_ms", "itl_ms", "tpot_ms", "e2el_ms"):
-        assert set(j[k]) == {"mean", "p50", "p90", "p99"} and j[k]["p50"] > 0, (k, j[k])
-    assert j["request_throughput"] > 0 and "cpu" in j["machine"] and j["date"]
+    for line in ("============ Serving Benchmark Result ============", "Successful requests:                     12",
+                 "Maximum request concurrency:             4", "Mean TTFT (ms):", "Median TPOT (ms):",
+                 "P99 ITL (ms):", "Total token throughput (tok/s):"):
+        assert line in stdout, (line, stdout)
+    j = json.load(open(os.path.join(out, "b.json")))
+    assert j["completed"] == 12 and j["failed"] == 0 and j["num_prompts"] == 12 and j["max_concurrency"] == 4
+    assert j["total_output_tokens"] == 96 and j["total_input_tokens"] == 12 * 24 and j["run"] == "ci"
+    for m in ("ttft", "tpot", "itl", "e2el"):
+        for stat in ("mean", "median", "std", "p99"):
+            assert f"{stat}_{m}_ms" in j, (stat, m, sorted(j))
+        assert j[f"median_{m}_ms"] > 0, (m, j[f"median_{m}_ms"])
+    assert len(j["ttfts"]) == 12 and len(j["itls"]) == 12 and all(len(x) == 7 for x in j["itls"])
+    assert j["input_lens"] == [24] * 12 and j["output_lens"] == [8] * 12 and j["errors"] == [""] * 12
+    assert j["duration"] > 0 and j["request_throughput"] > 0 and j["request_rate"] == "inf"
+    assert j["max_concurrent_requests"] <= 4 and "cpu" in j["siesta"]["machine"] and j["date"]
+    # A rate and vLLM's default file name.
+    rc, stdout, err = run([SIESTA, "bench", "serve", "--host", "127.0.0.1", "--port", str(PORT), "--num-prompts", "6",
+                           "--random-input-len", "8", "--random-output-len", "2", "--request-rate", "50",
+                           "--save-result", "--result-dir", out, "--label", "siesta", "--disable-tqdm"], timeout=120)
+    assert rc == 0, err
+    assert "Request rate configured (RPS):           50.00" in stdout, stdout
+    names = [n for n in os.listdir(out) if n.startswith("siesta-50.0qps-tiny-qwen3-")]
+    assert len(names) == 1, os.listdir(out)
 
 
 def server_survived_everything():
