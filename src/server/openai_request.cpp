@@ -527,6 +527,11 @@ Result<GenerationJob> parse_chat_request(const nlohmann::json& body, const nlohm
     s.params.forced_tokens = tok.encode(prefix);
   }
 
+  // vLLM computes the prompt's log-probabilities of an echoed chat (top_logprobs of them).
+  if (echo.value_or(false) && !s.params.prompt_logprobs && !job.stream) {
+    s.params.prompt_logprobs = s.params.logprobs.value_or(0);
+    job.prompt_logprobs = true;
+  }
   if (echo.value_or(false) && last.contains("content") && last_role == job.role) {
     auto text = text_content(last["content"], at("messages", ordered["messages"].size() - 1));
     if (text) add_choices(job, s, std::move(ids), 0, *text, kv);
