@@ -32,7 +32,6 @@
 // input_lens, output_lens, ttfts, itls, latencies, errors (--save-detailed adds
 // start_times and generated_texts), plus "siesta": the machine, commit and notes.
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -50,6 +49,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -111,7 +111,7 @@ struct RequestResult {
   bool ok = false;
   std::string error;
   int prompt_len = 0;
-  double start = 0;   // seconds since the benchmark started
+  double start = 0;  // seconds since the benchmark started
   double ttft = 0;
   double latency = 0;
   int output_tokens = 0;
@@ -129,8 +129,10 @@ nlohmann::json request_body(const BenchFlags& f, const std::string& model, const
     body["messages"] = nlohmann::json::array({{{"role", "user"}, {"content", p.text}}});
     body["max_completion_tokens"] = p.output_len;
   } else {
-    if (p.text.empty()) body["prompt"] = p.ids;
-    else body["prompt"] = p.text;
+    if (p.text.empty())
+      body["prompt"] = p.ids;
+    else
+      body["prompt"] = p.text;
     body["max_tokens"] = p.output_len;
   }
   if (f.ignore_eos) body["ignore_eos"] = true;
@@ -304,7 +306,8 @@ Result<std::pair<std::string, std::string>> served_model(HttpClient& client) {
       !j["data"][0].contains("id") || !j["data"][0]["id"].is_string())
     return unavailable("No models found on the server: " + r.body);
   const std::string id = j["data"][0]["id"];
-  const std::string root = j["data"][0].contains("root") && j["data"][0]["root"].is_string() ? j["data"][0]["root"].get<std::string>() : id;
+  const std::string root =
+      j["data"][0].contains("root") && j["data"][0]["root"].is_string() ? j["data"][0]["root"].get<std::string>() : id;
   return std::make_pair(id, root);
 }
 
@@ -374,7 +377,8 @@ Result<void> run_bench(BenchFlags f) {
   if (f.base_url.empty()) f.base_url = "http://" + f.host + ":" + std::to_string(f.port);
   while (!f.base_url.empty() && f.base_url.back() == '/') f.base_url.pop_back();
   if (f.backend != "openai" && f.backend != "vllm" && f.backend != "openai-chat")
-    return invalid_argument("--backend " + f.backend + ": this benchmark speaks openai, vllm (completions) and openai-chat");
+    return invalid_argument("--backend " + f.backend +
+                            ": this benchmark speaks openai, vllm (completions) and openai-chat");
   if (f.endpoint.empty()) f.endpoint = chat_backend(f) ? "/v1/chat/completions" : "/v1/completions";
   if (chat_backend(f) && f.tokenizer.empty())
     return invalid_argument("--backend openai-chat sends text prompts: give --tokenizer (a model directory)");
@@ -415,8 +419,8 @@ Result<void> run_bench(BenchFlags f) {
   std::cout << "Starting initial single prompt test run..." << std::endl;
   const RequestResult test = send_one(probe, f, f.endpoint, model, prompts[0], Clock::now());
   if (!test.ok)
-    return unavailable("Initial test run failed - Please make sure benchmark arguments are correctly specified. Error: " +
-                       test.error);
+    return unavailable(
+        "Initial test run failed - Please make sure benchmark arguments are correctly specified. Error: " + test.error);
   std::cout << "Initial test run completed." << std::endl;
   std::cout << "Starting main benchmark run..." << std::endl;
   std::cout << "Traffic request rate: " << rate_word(f.request_rate) << std::endl;
@@ -439,7 +443,8 @@ Result<void> run_bench(BenchFlags f) {
     workers.emplace_back([&] {
       auto client = HttpClient::create(f.base_url, timeout, f.api_key);
       for (size_t i; (i = next.fetch_add(1)) < prompts.size();) {
-        const auto due = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i]));
+        const auto due =
+            start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i]));
         std::this_thread::sleep_until(due);
         if (client) {
           results[i] = send_one(*client, f, f.endpoint, model, prompts[i], start);
@@ -529,7 +534,8 @@ Result<void> run_bench(BenchFlags f) {
   std::cout << fmt::format("{:=^50}\n", " Serving Benchmark Result ");
   std::cout << fmt::format("{:<40} {:<10}\n", "Successful requests:", completed);
   std::cout << fmt::format("{:<40} {:<10}\n", "Failed requests:", failed);
-  if (f.max_concurrency > 0) std::cout << fmt::format("{:<40} {:<10}\n", "Maximum request concurrency:", f.max_concurrency);
+  if (f.max_concurrency > 0)
+    std::cout << fmt::format("{:<40} {:<10}\n", "Maximum request concurrency:", f.max_concurrency);
   if (!std::isinf(f.request_rate))
     std::cout << fmt::format("{:<40} {:<10.2f}\n", "Request rate configured (RPS):", f.request_rate);
   std::cout << fmt::format("{:<40} {:<10.2f}\n", "Benchmark duration (s):", duration);
@@ -557,9 +563,11 @@ Result<void> run_bench(BenchFlags f) {
     if (eq == std::string::npos) return invalid_argument("--metadata takes KEY=VALUE, got '" + kv + "'");
     result[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
-  result["request_rate"] = std::isinf(f.request_rate) ? nlohmann::ordered_json("inf") : nlohmann::ordered_json(f.request_rate);
+  result["request_rate"] =
+      std::isinf(f.request_rate) ? nlohmann::ordered_json("inf") : nlohmann::ordered_json(f.request_rate);
   result["burstiness"] = f.burstiness;
-  result["max_concurrency"] = f.max_concurrency > 0 ? nlohmann::ordered_json(f.max_concurrency) : nlohmann::ordered_json();
+  result["max_concurrency"] =
+      f.max_concurrency > 0 ? nlohmann::ordered_json(f.max_concurrency) : nlohmann::ordered_json();
   result["duration"] = duration;
   result["completed"] = completed;
   result["failed"] = failed;
@@ -631,14 +639,14 @@ Result<void> run_bench(BenchFlags f) {
   if (f.save_result) {
     std::filesystem::path file = f.result_file;
     if (file.empty()) {
-      std::string base_model = model_root.substr(model_root.find_last_of('/') == std::string::npos
-                                                     ? 0
-                                                     : model_root.find_last_of('/') + 1);
-      std::string name = f.result_filename.empty()
-                             ? fmt::format("{}-{}qps{}-{}-{}.json", label, rate_word(f.request_rate),
-                                           f.max_concurrency > 0 ? "-concurrency" + std::to_string(f.max_concurrency) : "",
-                                           base_model, date)
-                             : f.result_filename;
+      std::string base_model =
+          model_root.substr(model_root.find_last_of('/') == std::string::npos ? 0 : model_root.find_last_of('/') + 1);
+      std::string name =
+          f.result_filename.empty()
+              ? fmt::format("{}-{}qps{}-{}-{}.json", label, rate_word(f.request_rate),
+                            f.max_concurrency > 0 ? "-concurrency" + std::to_string(f.max_concurrency) : "", base_model,
+                            date)
+              : f.result_filename;
       file = name;
       if (!f.result_dir.empty()) {
         std::filesystem::create_directories(f.result_dir);
@@ -657,13 +665,14 @@ Result<void> run_bench(BenchFlags f) {
 }  // namespace
 
 void add_bench_serve_command(CLI::App& bench) {
-  auto* cmd = bench.add_subcommand(
-      "serve", "Load an OpenAI-compatible server with random prompts, as `vllm bench serve` does");
+  auto* cmd =
+      bench.add_subcommand("serve", "Load an OpenAI-compatible server with random prompts, as `vllm bench serve` does");
   auto f = std::make_shared<BenchFlags>();
   cmd->add_option("--base-url,--url", f->base_url, "Server base URL, e.g. http://127.0.0.1:8000 (else --host/--port)");
   cmd->add_option("--host", f->host, "Server host, with --port")->capture_default_str();
   cmd->add_option("--port", f->port, "Server port")->capture_default_str();
-  cmd->add_option("--endpoint", f->endpoint, "API path (default /v1/completions, or /v1/chat/completions for openai-chat)");
+  cmd->add_option("--endpoint", f->endpoint,
+                  "API path (default /v1/completions, or /v1/chat/completions for openai-chat)");
   cmd->add_option("--backend", f->backend, "openai or vllm (completions), openai-chat")->capture_default_str();
   cmd->add_option("--model", f->model, "Model name in the requests (default: the server's first model)");
   cmd->add_option("--tokenizer", f->tokenizer,
@@ -672,7 +681,9 @@ void add_bench_serve_command(CLI::App& bench) {
   cmd->add_option("--vocab-size", f->vocab_size, "Without --tokenizer: token ids are drawn from [0, this)")
       ->check(CLI::Range(1, 1 << 24))
       ->capture_default_str();
-  cmd->add_option("--num-prompts", f->num_prompts, "Requests to send")->check(CLI::Range(1, 1 << 24))->capture_default_str();
+  cmd->add_option("--num-prompts", f->num_prompts, "Requests to send")
+      ->check(CLI::Range(1, 1 << 24))
+      ->capture_default_str();
   cmd->add_option("--random-input-len,--input-len", f->input_len, "Prompt tokens per request")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
@@ -685,8 +696,10 @@ void add_bench_serve_command(CLI::App& bench) {
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--request-rate", f->request_rate, "Requests per second (inf: all at once)")->capture_default_str();
-  cmd->add_option("--burstiness", f->burstiness, "Gamma shape of the arrival intervals (1: Poisson)")->capture_default_str();
-  cmd->add_option("--max-concurrency,--concurrency", f->max_concurrency, "Requests in flight at most (default: no limit)")
+  cmd->add_option("--burstiness", f->burstiness, "Gamma shape of the arrival intervals (1: Poisson)")
+      ->capture_default_str();
+  cmd->add_option("--max-concurrency,--concurrency", f->max_concurrency,
+                  "Requests in flight at most (default: no limit)")
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_flag("--save-result", f->save_result, "Write the result JSON");
   cmd->add_flag("--save-detailed", f->save_detailed, "The result JSON also holds start times and generated texts");
@@ -710,7 +723,9 @@ void add_bench_serve_command(CLI::App& bench) {
                 "Generate every requested token (the random dataset's default)");
   cmd->add_flag("--disable-tqdm", f->disable_tqdm, "No progress bar");
   cmd->add_option("--notes", f->notes, "Free text kept in the result file (how the server was started)");
-  cmd->add_option("--timeout", f->timeout_s, "Seconds a connect or read may take")->check(CLI::Range(1, 86400))->capture_default_str();
+  cmd->add_option("--timeout", f->timeout_s, "Seconds a connect or read may take")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
   cmd->callback([f] {
     auto r = run_bench(*f);
     if (!r) {

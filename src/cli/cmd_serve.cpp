@@ -66,7 +66,8 @@ Result<void> apply_chat_flags(ServeFlags& f) {
     c.default_chat_template_kwargs =
         nlohmann::ordered_json::parse(f.default_chat_template_kwargs, nullptr, /*allow_exceptions=*/false);
     if (!c.default_chat_template_kwargs.is_object())
-      return invalid_argument("--default-chat-template-kwargs must be a JSON object, got " + f.default_chat_template_kwargs);
+      return invalid_argument("--default-chat-template-kwargs must be a JSON object, got " +
+                              f.default_chat_template_kwargs);
   }
   if (f.server.api_key.empty())
     if (const char* env = std::getenv("VLLM_API_KEY"); env && *env) f.server.api_key = env;
@@ -153,8 +154,9 @@ void add_serve_command(CLI::App& app) {
                 "Accept a request's own chat_template");
   cmd->add_flag("--exclude-tools-when-tool-choice-none", f->server.chat.exclude_tools_when_tool_choice_none,
                 "tool_choice \"none\" leaves the tools out of the prompt");
-  cmd->add_option("--default-chat-template-kwargs", f->default_chat_template_kwargs,
-                  "JSON object of chat_template_kwargs every chat request starts from, e.g. '{\"enable_thinking\": false}'");
+  cmd->add_option(
+      "--default-chat-template-kwargs", f->default_chat_template_kwargs,
+      "JSON object of chat_template_kwargs every chat request starts from, e.g. '{\"enable_thinking\": false}'");
   cmd->add_option("--served-model-name", f->server.served_model_name, "Model name in the API (default: --model)");
   cmd->add_option("--max-model-len", f->max_model_len,
                   "Prompt + output tokens per request (default: the model's max_position_embeddings, "

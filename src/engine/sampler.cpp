@@ -77,7 +77,8 @@ void adjust_logits(std::vector<Candidate>& work, const SamplingParams& p, uint64
   for (const std::vector<int32_t>& word : p.bad_words_token_ids) {
     if (word.empty() || word.size() > h.output.size() + 1) continue;
     const size_t prefix = word.size() - 1;
-    if (std::equal(word.begin(), word.begin() + static_cast<std::ptrdiff_t>(prefix), h.output.end() - static_cast<std::ptrdiff_t>(prefix)) &&
+    if (std::equal(word.begin(), word.begin() + static_cast<std::ptrdiff_t>(prefix),
+                   h.output.end() - static_cast<std::ptrdiff_t>(prefix)) &&
         in_vocab(word.back()))
       work[word.back()].score = kNegInf;
   }

@@ -51,7 +51,8 @@ Result<void> SamplingParams::validate() const {
       return invalid_argument("logit_bias: the bias of token " + str(id) + " must be in [-100, 100], got " + str(bias));
   }
   for (size_t i = 0; i < allowed_token_ids.size(); ++i) {
-    if (allowed_token_ids[i] < 0) return invalid_argument("allowed_token_ids: " + str(allowed_token_ids[i]) + " is negative");
+    if (allowed_token_ids[i] < 0)
+      return invalid_argument("allowed_token_ids: " + str(allowed_token_ids[i]) + " is negative");
     if (i > 0 && allowed_token_ids[i - 1] >= allowed_token_ids[i])
       return invalid_argument("allowed_token_ids must be ascending and distinct");
   }

@@ -9,7 +9,9 @@ namespace {
 
 std::string num(int64_t v) { return std::to_string(v); }
 
-bool contains(const std::vector<int32_t>& ids, int32_t id) { return std::find(ids.begin(), ids.end(), id) != ids.end(); }
+bool contains(const std::vector<int32_t>& ids, int32_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
 
 }  // namespace
 

@@ -154,12 +154,13 @@ Result<std::optional<std::filesystem::path>> model_dir_of(const nlohmann::json& 
     const std::string& k = it.key();
     if (k == "weights_path" || k == "model") continue;
     if (k == "is_checkpoint_format" && (it->is_null() || (it->is_boolean() && it->get<bool>()))) continue;
-    return invalid_argument(what + ": '" + k +
-                            "' is not supported by reload_weights here; it takes weights_path (a checkpoint directory)");
+    return invalid_argument(
+        what + ": '" + k + "' is not supported by reload_weights here; it takes weights_path (a checkpoint directory)");
   }
   SIESTA_ASSIGN_OR_RETURN(std::optional<std::string> path, read_string(obj, "weights_path"));
   SIESTA_ASSIGN_OR_RETURN(std::optional<std::string> model, read_string(obj, "model"));
-  if (path && model && *path != *model) return invalid_argument(what + ": 'weights_path' and 'model' name different directories");
+  if (path && model && *path != *model)
+    return invalid_argument(what + ": 'weights_path' and 'model' name different directories");
   const std::optional<std::string> dir = path ? path : model;
   if (!dir) return std::optional<std::filesystem::path>{};
   if (dir->empty()) return invalid_argument(what + ": the checkpoint directory must not be an empty string");
@@ -237,7 +238,8 @@ void add_admin_routes(httplib::Server& s, ServerContext& ctx) {
   get("/is_sleeping", [&ctx, fail](const httplib::Request& req, httplib::Response& res) {
     auto verbose = bool_param(req, "verbose");
     if (!verbose) return fail(res, verbose.error());
-    if (!verbose->value_or(false)) return send_json(res, 200, {{"is_sleeping", engine_is_sleeping(ctx.engine.state())}});
+    if (!verbose->value_or(false))
+      return send_json(res, 200, {{"is_sleeping", engine_is_sleeping(ctx.engine.state())}});
     nlohmann::json s = status_json(ctx.engine.status());
     s.erase("call");
     send_json(res, 200, s);
@@ -311,8 +313,9 @@ void add_admin_routes(httplib::Server& s, ServerContext& ctx) {
       return fail(res, invalid_argument("the request body must be a JSON object, got " + json_type_name(body)));
     for (auto it = body.begin(); it != body.end(); ++it)
       if (it.key() != "method" && it.key() != "args" && it.key() != "kwargs" && it.key() != "timeout")
-        return fail(res, invalid_argument("'" + it.key() +
-                                          "' is not a field of /collective_rpc; it takes method, args, kwargs, timeout"));
+        return fail(res,
+                    invalid_argument("'" + it.key() +
+                                     "' is not a field of /collective_rpc; it takes method, args, kwargs, timeout"));
     auto method = read_string(body, "method");
     if (!method) return fail(res, method.error());
     if (!*method) return fail(res, invalid_argument("Missing 'method' in request body"));
@@ -328,9 +331,11 @@ void add_admin_routes(httplib::Server& s, ServerContext& ctx) {
     if (args != body.end() && !args->is_null()) {
       if (!args->is_array()) return fail(res, invalid_argument("'args' must be an array"));
       if (args->size() > 1 || (!args->empty() && (!(*args)[0].is_string() || (*args)[0].get<std::string>().empty())))
-        return fail(res, invalid_argument("'args' of reload_weights: at most one, the checkpoint directory (a string)"));
+        return fail(res,
+                    invalid_argument("'args' of reload_weights: at most one, the checkpoint directory (a string)"));
       if (!args->empty()) {
-        if (*dir) return fail(res, invalid_argument("reload_weights: give the directory in 'args' or 'kwargs', not both"));
+        if (*dir)
+          return fail(res, invalid_argument("reload_weights: give the directory in 'args' or 'kwargs', not both"));
         *dir = std::filesystem::path((*args)[0].get<std::string>());
       }
     }

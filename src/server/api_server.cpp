@@ -157,12 +157,16 @@ ApiServer::ApiServer(Engine& engine, ServerOptions options)
     handle_detokenize(ctx, body, res);
   });
   s.Get("/v1/models", [&ctx](const httplib::Request& req, httplib::Response& res) { handle_models(ctx, req, res); });
-  s.Get(R"(/v1/models/(.+))", [&ctx](const httplib::Request& req, httplib::Response& res) { handle_model(ctx, req, res); });
-  s.Get("/server_info", [&ctx](const httplib::Request& req, httplib::Response& res) { handle_server_info(ctx, req, res); });
+  s.Get(R"(/v1/models/(.+))",
+        [&ctx](const httplib::Request& req, httplib::Response& res) { handle_model(ctx, req, res); });
+  s.Get("/server_info",
+        [&ctx](const httplib::Request& req, httplib::Response& res) { handle_server_info(ctx, req, res); });
   s.Get("/ping", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
   s.Get("/metrics", [&ctx](const httplib::Request& req, httplib::Response& res) { handle_metrics(ctx, req, res); });
   s.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
-  s.Get("/version", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, {{"version", "0.1.0"}}); });
+  s.Get("/version", [](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, {{"version", "0.1.0"}});
+  });
   s.Get("/kv_transfer_info", [&ctx](const httplib::Request&, httplib::Response& res) {
     if (ctx.options.kv_transfer_info.is_null()) {
       send_error(res, ApiError{404, "invalid_request_error", "not_found",

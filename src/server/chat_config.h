@@ -6,15 +6,14 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
-
 #include <string>
 
 namespace siesta::server {
 
 struct ChatConfig {
   bool enable_auto_tool_choice = false;
-  std::string tool_call_parser;   // "" or "hermes" (Qwen's <tool_call> JSON format)
-  std::string reasoning_parser;   // "" or "qwen3"
+  std::string tool_call_parser;  // "" or "hermes" (Qwen's <tool_call> JSON format)
+  std::string reasoning_parser;  // "" or "qwen3"
   bool trust_request_chat_template = false;
   bool exclude_tools_when_tool_choice_none = false;
   nlohmann::ordered_json default_chat_template_kwargs = nlohmann::ordered_json::object();

@@ -1,7 +1,6 @@
 #include "server/chat_output.h"
 
 #include <nlohmann/json.hpp>
-
 #include <random>
 
 #include "server/jinja/value.h"
@@ -209,8 +208,8 @@ void ChatStreamParser::tools(const std::string& text, Delta& d, bool final) {
       ++num_tools_;
     } else if (!c && num_tools_ == 0) {
       // Not a tool call after all: the text stays content.
-      d.content += std::string(kToolCall) + tool_buf_.substr(0, close == std::string::npos ? std::string::npos
-                                                                                              : close + kEndToolCall.size());
+      d.content += std::string(kToolCall) +
+                   tool_buf_.substr(0, close == std::string::npos ? std::string::npos : close + kEndToolCall.size());
     }
     if (close == std::string::npos) {
       tool_buf_.clear();

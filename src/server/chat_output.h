@@ -30,7 +30,7 @@ namespace siesta::server {
 enum class ReasoningMode { kNone, kContentOnly, kSplit };
 
 struct ParsedToolCall {
-  std::string id;         // "chatcmpl-tool-" + 32 hex digits
+  std::string id;  // "chatcmpl-tool-" + 32 hex digits
   std::string name;
   std::string arguments;  // JSON text
 };
@@ -84,9 +84,9 @@ class ChatStreamParser {
 
   ChatOutputOptions o_;
   // reasoning
-  bool started_ = false;     // past a possible leading <think>
+  bool started_ = false;  // past a possible leading <think>
   bool in_reasoning_ = true;
-  std::string held_;         // text that may be the start of <think> / </think>
+  std::string held_;  // text that may be the start of <think> / </think>
   // tools
   enum class ToolState { kText, kInCall, kAfterCalls } tool_state_ = ToolState::kText;
   std::string tool_buf_;

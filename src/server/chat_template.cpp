@@ -27,10 +27,13 @@ nlohmann::ordered_json special_tokens_of(const nlohmann::ordered_json& cfg) {
   for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
     auto it = cfg.find(key);
     if (it == cfg.end()) continue;
-    if (it->is_string()) out[key] = *it;
-    else if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) out[key] = (*it)["content"];
+    if (it->is_string())
+      out[key] = *it;
+    else if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
+      out[key] = (*it)["content"];
   }
-  if (auto it = cfg.find("additional_special_tokens"); it != cfg.end() && it->is_array()) out["additional_special_tokens"] = *it;
+  if (auto it = cfg.find("additional_special_tokens"); it != cfg.end() && it->is_array())
+    out["additional_special_tokens"] = *it;
   return out;
 }
 
@@ -156,7 +159,8 @@ Result<ChatTemplate> ChatTemplate::load(const std::filesystem::path& dir, const 
     std::error_code ec;
     if (override.find("{%") == std::string::npos && override.find("{{") == std::string::npos) {
       if (!std::filesystem::is_regular_file(override, ec))
-        return invalid_argument("--chat-template " + override + ": no such file (and not a template: it has no {% or {{)");
+        return invalid_argument("--chat-template " + override +
+                                ": no such file (and not a template: it has no {% or {{)");
       SIESTA_ASSIGN_OR_RETURN(std::string text, read_file(override));
       return from_source(std::move(text), override, std::move(special));
     }
@@ -182,9 +186,10 @@ Result<ChatTemplate> ChatTemplate::load(const std::filesystem::path& dir, const 
     SIESTA_ASSIGN_OR_RETURN(std::string text, read_file(jinja_path));
     return from_source(std::move(text), jinja_path.string(), std::move(special));
   }
-  SIESTA_LOG_INFO("server: {} has no chat template (tokenizer_config.json or chat_template.jinja); chat uses the "
-                  "built-in Qwen3 template",
-                  dir.string());
+  SIESTA_LOG_INFO(
+      "server: {} has no chat template (tokenizer_config.json or chat_template.jinja); chat uses the "
+      "built-in Qwen3 template",
+      dir.string());
   return from_source(builtin_qwen3_template(), "the built-in Qwen3 template", std::move(special));
 }
 

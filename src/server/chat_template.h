@@ -6,8 +6,8 @@
 //   ChatRenderInput in;
 //   in.messages = ...;                     // vLLM's conversation: roles, string contents, tool_calls with
 //                                          // arguments as objects, tool_call_id, reasoning_content
-//   in.tools = ...;                        // null, or vLLM's tool dicts {type, function{name, description, parameters}}
-//   SIESTA_ASSIGN_OR_RETURN(std::string prompt, t.render(in));
+//   in.tools = ...;                        // null, or vLLM's tool dicts {type, function{name, description,
+//   parameters}} SIESTA_ASSIGN_OR_RETURN(std::string prompt, t.render(in));
 //
 // Where the template comes from, first found: `override` (--chat-template:
 // a file, or the template text itself), DIR/tokenizer_config.json's
@@ -22,10 +22,9 @@
 // thread-safe.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "common/status.h"

@@ -32,7 +32,9 @@ struct StreamingSession {
   bool done = false;
 };
 
-bool write(httplib::DataSink& sink, const std::string& s) { return sink.is_writable() && sink.write(s.data(), s.size()); }
+bool write(httplib::DataSink& sink, const std::string& s) {
+  return sink.is_writable() && sink.write(s.data(), s.size());
+}
 
 void answer_streaming(ServerContext& ctx, std::shared_ptr<StreamingSession> session, httplib::Response& res) {
   res.set_header("Cache-Control", "no-cache");

@@ -26,7 +26,8 @@ Result<std::string> tokenize_text(const ServerContext& ctx, const nlohmann::json
     if (!known) return invalid_argument("'" + it.key() + "' is not a field of /tokenize this server knows; remove it");
   }
   SIESTA_ASSIGN_OR_RETURN(nlohmann::json mm, read_object(body, "mm_processor_kwargs"));
-  if (!mm.empty()) return invalid_argument("'mm_processor_kwargs' is not supported: this server serves text models only");
+  if (!mm.empty())
+    return invalid_argument("'mm_processor_kwargs' is not supported: this server serves text models only");
   SIESTA_ASSIGN_OR_RETURN(std::optional<bool> add_special, read_bool(body, "add_special_tokens"));
   (void)add_special;  // Qwen tokenizers add no special tokens either way
   SIESTA_ASSIGN_OR_RETURN(std::optional<std::string> prompt, read_string(body, "prompt"));

@@ -58,8 +58,9 @@ Result<void> read_stream_fields(const nlohmann::json& body, GenerationJob& job) 
   if (!so.empty() && !job.stream) return invalid_argument("Stream options can only be defined when `stream=True`.");
   job.include_usage = usage.value_or(false);
   if (continuous.value_or(false) && !job.include_usage)
-    return invalid_argument("'stream_options.continuous_usage_stats' needs 'stream_options.include_usage': true "
-                            "(vLLM sends per-chunk usage only then)");
+    return invalid_argument(
+        "'stream_options.continuous_usage_stats' needs 'stream_options.include_usage': true "
+        "(vLLM sends per-chunk usage only then)");
   job.continuous_usage = continuous.value_or(false);
   SIESTA_ASSIGN_OR_RETURN(std::optional<bool> ids, read_bool(body, "return_token_ids"));
   job.return_token_ids = ids.value_or(false);
@@ -72,7 +73,8 @@ Result<void> read_stream_fields(const nlohmann::json& body, GenerationJob& job) 
 Result<void> check_response_format(const nlohmann::json& body) {
   SIESTA_ASSIGN_OR_RETURN(nlohmann::json format, read_object(body, "response_format"));
   if (format.empty()) return {};
-  const std::string type = format.contains("type") && format["type"].is_string() ? format["type"].get<std::string>() : "";
+  const std::string type =
+      format.contains("type") && format["type"].is_string() ? format["type"].get<std::string>() : "";
   if (type == "text") return {};
   return invalid_argument("'response_format' of type '" + type +
                           "' is not supported by this server: constrained decoding is not implemented; use "
@@ -118,11 +120,11 @@ void add_choices(GenerationJob& job, const SamplingRequest& s, std::vector<int32
 Result<nlohmann::json> kv_params(const nlohmann::json& body, const SamplingRequest& s) {
   auto it = body.find("kv_transfer_params");
   if (it == body.end() || it->is_null()) return nlohmann::json();
-  if (!it->is_object())
-    return invalid_argument("'kv_transfer_params' must be an object, got " + json_type_name(*it));
+  if (!it->is_object()) return invalid_argument("'kv_transfer_params' must be an object, got " + json_type_name(*it));
   if (s.params.prompt_logprobs && it->value("do_remote_prefill", false))
-    return invalid_argument("'prompt_logprobs' with a remote prefill ('kv_transfer_params.do_remote_prefill') is not "
-                            "supported: this engine does not compute the prompt");
+    return invalid_argument(
+        "'prompt_logprobs' with a remote prefill ('kv_transfer_params.do_remote_prefill') is not "
+        "supported: this engine does not compute the prompt");
   return *it;
 }
 
@@ -140,8 +142,9 @@ Result<SamplingRequest> sampling_of(const nlohmann::json& body, ApiKind kind, co
 
 // ---- chat -----------------------------------------------------------------------------------------------------
 
-const char* kMessageKeys[] = {"role",     "content",          "name",       "tool_calls", "tool_call_id",
-                              "reasoning", "reasoning_content", "refusal", "annotations", "audio", "function_call"};
+const char* kMessageKeys[] = {"role",         "content",           "name",    "tool_calls",  "tool_call_id",
+                              "reasoning",    "reasoning_content", "refusal", "annotations", "audio",
+                              "function_call"};
 
 Result<std::string> text_content(const nlohmann::ordered_json& c, const std::string& where) {
   if (c.is_string()) return c.get<std::string>();
@@ -172,9 +175,11 @@ Result<nlohmann::ordered_json> tool_calls_of(const nlohmann::ordered_json& calls
     const std::string cw = where + ".tool_calls[" + std::to_string(k) + "]";
     nlohmann::ordered_json call = calls[k];
     if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
-      return invalid_argument(cw + "' must be {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}");
+      return invalid_argument(cw +
+                              "' must be {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}");
     nlohmann::ordered_json& fn = call["function"];
-    if (!fn.contains("name") || !fn["name"].is_string()) return invalid_argument(cw + ".function.name' must be a string");
+    if (!fn.contains("name") || !fn["name"].is_string())
+      return invalid_argument(cw + ".function.name' must be a string");
     // As vLLM does before rendering: arguments become an object ({} when empty).
     auto args = fn.find("arguments");
     if (args == fn.end() || args->is_null() || (args->is_string() && args->get<std::string>().empty())) {
@@ -240,9 +245,11 @@ Result<ToolChoiceSpec> tool_choice_of(const nlohmann::json& body, bool has_tools
       spec.name = name->get<std::string>();
       bool found = false;
       for (const nlohmann::json& t : body["tools"])
-        if (t.is_object() && t.contains("function") && t["function"].is_object() && t["function"].value("name", "") == spec.name)
+        if (t.is_object() && t.contains("function") && t["function"].is_object() &&
+            t["function"].value("name", "") == spec.name)
           found = true;
-      if (!found) return invalid_argument("The tool specified in `tool_choice` does not match any of the specified `tools`");
+      if (!found)
+        return invalid_argument("The tool specified in `tool_choice` does not match any of the specified `tools`");
     } else {
       return invalid_argument("Invalid value for `tool_choice`: " + it->dump() +
                               "! Only named tools, \"none\", \"auto\" or \"required\" are supported.");
@@ -323,7 +330,8 @@ Result<nlohmann::ordered_json> conversation_of(const nlohmann::ordered_json& mes
 Result<nlohmann::ordered_json> tools_of(const nlohmann::ordered_json& tools) {
   if (!tools.is_array()) return invalid_argument("'tools' must be an array, got " + type_of(tools));
   if (tools.empty())
-    return invalid_argument("`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.");
+    return invalid_argument(
+        "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.");
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   for (size_t i = 0; i < tools.size(); ++i) {
     const nlohmann::ordered_json& t = tools[i];
@@ -392,11 +400,13 @@ Result<ChatPrompt> render_chat_prompt(const nlohmann::ordered_json& body, const 
   const bool own_given = own != body.end() && !own->is_null();
   if (own_given || (in.kwargs.contains("chat_template") && !in.kwargs["chat_template"].is_null())) {
     if (!ctx.chat.trust_request_chat_template)
-      return invalid_argument("Chat template is passed with request, but --trust-request-chat-template is not set. "
-                              "Refused request with untrusted chat template.");
+      return invalid_argument(
+          "Chat template is passed with request, but --trust-request-chat-template is not set. "
+          "Refused request with untrusted chat template.");
     const nlohmann::ordered_json& src = own_given ? *own : in.kwargs["chat_template"];
     if (!src.is_string()) return invalid_argument("'chat_template' must be a string");
-    SIESTA_ASSIGN_OR_RETURN(request_template, ChatTemplate::from_source(src.get<std::string>(), "the request's chat_template"));
+    SIESTA_ASSIGN_OR_RETURN(request_template,
+                            ChatTemplate::from_source(src.get<std::string>(), "the request's chat_template"));
   }
   in.kwargs.erase("chat_template");
   if (auto e = body.find("reasoning_effort"); e != body.end() && !e->is_null()) {
@@ -404,13 +414,13 @@ Result<ChatPrompt> render_chat_prompt(const nlohmann::ordered_json& body, const 
     bool ok = false;
     if (e->is_string())
       for (const char* x : kEfforts) ok |= e->get<std::string>() == x;
-    if (!ok)
-      return invalid_argument("'reasoning_effort' must be one of none, minimal, low, medium, high, xhigh, max");
+    if (!ok) return invalid_argument("'reasoning_effort' must be one of none, minimal, low, medium, high, xhigh, max");
     in.kwargs["reasoning_effort"] = *e;
     if (!in.kwargs.contains("enable_thinking")) in.kwargs["enable_thinking"] = *e != "none";
   }
   ChatPrompt out;
-  if (auto t = in.kwargs.find("enable_thinking"); t != in.kwargs.end() && t->is_boolean()) out.thinking = t->get<bool>();
+  if (auto t = in.kwargs.find("enable_thinking"); t != in.kwargs.end() && t->is_boolean())
+    out.thinking = t->get<bool>();
   const ChatTemplate& tmpl = request_template ? *request_template : *ctx.chat_template;
   SIESTA_ASSIGN_OR_RETURN(out.text, tmpl.render(in));
   return out;
@@ -455,8 +465,9 @@ Result<GenerationJob> parse_completion_request(const nlohmann::json& body, const
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
     std::string text;
-    SIESTA_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
-                            prompt_tokens(prompts[i], prompts.size() == 1 ? std::string("'prompt") : at("prompt", i), tok, text));
+    SIESTA_ASSIGN_OR_RETURN(
+        std::vector<int32_t> ids,
+        prompt_tokens(prompts[i], prompts.size() == 1 ? std::string("'prompt") : at("prompt", i), tok, text));
     const size_t before = ids.size();
     SIESTA_TRY(truncate(ids, s, ctx));
     if (ids.size() != before) text = tok.decode(ids, false);
@@ -479,7 +490,8 @@ Result<GenerationJob> parse_chat_request(const nlohmann::json& body, const nlohm
 
   const bool has_tools = body.contains("tools") && !body["tools"].is_null();
   if (has_tools && body["tools"].is_array() && body["tools"].empty())
-    return invalid_argument("`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.");
+    return invalid_argument(
+        "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.");
   SIESTA_ASSIGN_OR_RETURN(ToolChoiceSpec choice, tool_choice_of(body, has_tools, ctx.chat));
   job.tool_choice = choice.choice;
   SIESTA_ASSIGN_OR_RETURN(std::optional<bool> parallel, read_bool(body, "parallel_tool_calls"));
@@ -505,8 +517,8 @@ Result<GenerationJob> parse_chat_request(const nlohmann::json& body, const nlohm
   // Reading the answer.
   ChatOutputOptions& o = job.output;
   if (ctx.chat.reasoning_parser == "qwen3")
-    o.reasoning = !rendered.thinking || reasoning_closed(job.prompt_text) ? ReasoningMode::kContentOnly
-                                                                          : ReasoningMode::kSplit;
+    o.reasoning =
+        !rendered.thinking || reasoning_closed(job.prompt_text) ? ReasoningMode::kContentOnly : ReasoningMode::kSplit;
   o.include_reasoning = include_reasoning.value_or(true);
   o.parse_tools = !ctx.chat.tool_call_parser.empty() && choice.choice != ToolChoice::kNone;
   o.single_tool_call = choice.choice == ToolChoice::kNamed || !parallel.value_or(true);
@@ -534,8 +546,10 @@ Result<GenerationJob> parse_chat_request(const nlohmann::json& body, const nlohm
   }
   if (echo.value_or(false) && last.contains("content") && last_role == job.role) {
     auto text = text_content(last["content"], at("messages", ordered["messages"].size() - 1));
-    if (text) add_choices(job, s, std::move(ids), 0, *text, kv);
-    else add_choices(job, s, std::move(ids), 0, std::string(), kv);
+    if (text)
+      add_choices(job, s, std::move(ids), 0, *text, kv);
+    else
+      add_choices(job, s, std::move(ids), 0, std::string(), kv);
   } else {
     add_choices(job, s, std::move(ids), 0, std::string(), kv);
   }

@@ -22,7 +22,8 @@ nlohmann::json stop_reason_json(const RequestFinish& f) {
 nlohmann::json opt_json(const std::optional<std::string>& s) { return s ? nlohmann::json(*s) : nlohmann::json(); }
 
 nlohmann::json tool_call_json(const ParsedToolCall& c) {
-  return nlohmann::json{{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
+  return nlohmann::json{
+      {"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
 }
 
 bool plain_chat(const ChatOutputOptions& o) { return o.reasoning == ReasoningMode::kNone && !o.parse_tools; }
@@ -38,18 +39,17 @@ OpenAiResponse::OpenAiResponse(const GenerationJob& job, std::string id, std::st
     if (job.kind == ApiKind::kChat && job.stream && !plain_chat(job.output))
       choices_[i].parser = std::make_shared<ChatStreamParser>(job.output);
     if (job.logprobs)
-      choices_[i].logprobs = job.kind == ApiKind::kChat
-                                 ? nlohmann::json{{"content", nlohmann::json::array()}}
-                                 : nlohmann::json{{"text_offset", nlohmann::json::array()},
-                                                  {"token_logprobs", nlohmann::json::array()},
-                                                  {"tokens", nlohmann::json::array()},
-                                                  {"top_logprobs", nlohmann::json::array()}};
+      choices_[i].logprobs = job.kind == ApiKind::kChat ? nlohmann::json{{"content", nlohmann::json::array()}}
+                                                        : nlohmann::json{{"text_offset", nlohmann::json::array()},
+                                                                         {"token_logprobs", nlohmann::json::array()},
+                                                                         {"tokens", nlohmann::json::array()},
+                                                                         {"top_logprobs", nlohmann::json::array()}};
   }
 }
 
 nlohmann::json OpenAiResponse::envelope(bool chunk) const {
-  const char* object = job_.kind == ApiKind::kChat ? (chunk ? "chat.completion.chunk" : "chat.completion")
-                                                    : "text_completion";
+  const char* object =
+      job_.kind == ApiKind::kChat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
   return nlohmann::json{{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
 }
 
@@ -121,9 +121,8 @@ nlohmann::json OpenAiResponse::prompt_logprobs_json(const Choice& c) const {
   for (const TokenLogprobs& lp : *c.prompt_logprobs) {
     nlohmann::json d = nlohmann::json::object();
     auto put = [&](const TokenLogprob& t) {
-      d[std::to_string(t.token)] = {{"logprob", finite_logprob(t.logprob)},
-                                    {"rank", t.rank},
-                                    {"decoded_token", token_name(t.token)}};
+      d[std::to_string(t.token)] = {
+          {"logprob", finite_logprob(t.logprob)}, {"rank", t.rank}, {"decoded_token", token_name(t.token)}};
     };
     put(lp.chosen);
     for (const TokenLogprob& t : lp.top) put(t);
@@ -143,8 +142,9 @@ void OpenAiResponse::note(const RequestDelta& d) {
 
 nlohmann::json OpenAiResponse::choice_usage(const Choice& c) const {
   const auto prompt = static_cast<int64_t>(c.prompt_tokens.size());
-  return nlohmann::json{
-      {"prompt_tokens", prompt}, {"total_tokens", prompt + c.completion_tokens}, {"completion_tokens", c.completion_tokens}};
+  return nlohmann::json{{"prompt_tokens", prompt},
+                        {"total_tokens", prompt + c.completion_tokens},
+                        {"completion_tokens", c.completion_tokens}};
 }
 
 std::string OpenAiResponse::chat_finish_reason(const RequestFinish& f, bool tools_called) const {
@@ -171,7 +171,8 @@ std::vector<nlohmann::json> OpenAiResponse::start_chunks() {
     out.push_back(std::move(chunk));
     // vLLM's chat echo: the continued message's text, as its own chunk.
     if (!job_.echo[i].empty()) {
-      nlohmann::json echo{{"index", i}, {"delta", {{"content", job_.echo[i]}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+      nlohmann::json echo{
+          {"index", i}, {"delta", {{"content", job_.echo[i]}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
       nlohmann::json e = envelope(true);
       e["choices"] = nlohmann::json::array({std::move(echo)});
       if (job_.continuous_usage) e["usage"] = choice_usage(choices_[i]);
@@ -239,9 +240,10 @@ std::vector<nlohmann::json> OpenAiResponse::chunks(const IndexedDelta& in) {
     }
   }
   choice["logprobs"] = std::move(logprobs);
-  choice["finish_reason"] = d.finish ? nlohmann::json(job_.kind == ApiKind::kChat ? chat_finish_reason(*d.finish, tools_called)
-                                                                                 : std::string(finish_reason_name(d.finish->reason)))
-                                     : nlohmann::json();
+  choice["finish_reason"] =
+      d.finish ? nlohmann::json(job_.kind == ApiKind::kChat ? chat_finish_reason(*d.finish, tools_called)
+                                                            : std::string(finish_reason_name(d.finish->reason)))
+               : nlohmann::json();
   choice["stop_reason"] = d.finish ? stop_reason_json(*d.finish) : nlohmann::json();
   if (job_.return_token_ids) {
     if (!c.started) choice["prompt_token_ids"] = c.prompt_tokens;
@@ -310,18 +312,16 @@ bool OpenAiResponse::all_finished() const {
 
 nlohmann::json OpenAiResponse::chat_message(const Choice& c, size_t index) const {
   ParsedChatOutput parsed;
-  if (plain_chat(job_.output)) parsed.content = c.text;
-  else parsed = parse_chat_output(c.text, job_.output);
+  if (plain_chat(job_.output))
+    parsed.content = c.text;
+  else
+    parsed = parse_chat_output(c.text, job_.output);
   std::optional<std::string> content = parsed.content;
   if (!job_.echo[index].empty()) content = job_.echo[index] + content.value_or("");
   // vLLM's named tool choice and required tool choice leave no content beside the calls.
   if (!parsed.tool_calls.empty() && job_.tool_choice == ToolChoice::kNamed) content = std::nullopt;
-  nlohmann::json m{{"role", job_.role},
-                   {"content", opt_json(content)},
-                   {"refusal", nullptr},
-                   {"annotations", nullptr},
-                   {"audio", nullptr},
-                   {"function_call", nullptr}};
+  nlohmann::json m{{"role", job_.role}, {"content", opt_json(content)}, {"refusal", nullptr}, {"annotations", nullptr},
+                   {"audio", nullptr},  {"function_call", nullptr}};
   if (!parsed.tool_calls.empty()) {
     nlohmann::json calls = nlohmann::json::array();
     for (const ParsedToolCall& t : parsed.tool_calls) calls.push_back(tool_call_json(t));
@@ -348,7 +348,7 @@ nlohmann::json OpenAiResponse::response() const {
     choice["logprobs"] = job_.logprobs ? c.logprobs : nlohmann::json();
     choice["finish_reason"] =
         c.finish ? nlohmann::json(job_.kind == ApiKind::kChat ? chat_finish_reason(*c.finish, tools_called)
-                                                             : std::string(finish_reason_name(c.finish->reason)))
+                                                              : std::string(finish_reason_name(c.finish->reason)))
                  : nlohmann::json();
     choice["stop_reason"] = c.finish ? stop_reason_json(*c.finish) : nlohmann::json();
     if (job_.return_token_ids) {

@@ -24,7 +24,9 @@ struct Families {
     all.back().metric.back().label = {{"model_name", model}};
     return all.back().metric.back();
   }
-  void gauge(const std::string& name, const std::string& help, double v) { add(name, help, MetricType::Gauge).gauge.value = v; }
+  void gauge(const std::string& name, const std::string& help, double v) {
+    add(name, help, MetricType::Gauge).gauge.value = v;
+  }
   void counter(const std::string& name, const std::string& help, double v) {
     add(name, help, MetricType::Counter).counter.value = v;
   }
@@ -64,7 +66,8 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& vllm_aliase
       {"siesta:prefix_cache_hits_total", {"vllm:prefix_cache_hits_total"}},
       {"siesta:num_preemptions_total", {"vllm:num_preemptions_total"}},
       {"siesta:time_to_first_token_seconds", {"vllm:time_to_first_token_seconds"}},
-      {"siesta:inter_token_latency_seconds", {"vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"}},
+      {"siesta:inter_token_latency_seconds",
+       {"vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"}},
       {"siesta:e2e_request_latency_seconds", {"vllm:e2e_request_latency_seconds"}},
       {"siesta:engine_sleep_state", {"vllm:engine_sleep_state"}},
   };

@@ -10,18 +10,58 @@ namespace {
 using Fields = std::vector<std::string_view>;
 
 // Read by the request parsers (openai_request.cpp, sampling_request.cpp).
-const Fields kCommonHandled = {
-    "model", "frequency_penalty", "logit_bias", "max_tokens", "n", "presence_penalty", "seed", "stop", "stream",
-    "stream_options", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "stop_token_ids",
-    "include_stop_str_in_output", "ignore_eos", "min_tokens", "skip_special_tokens", "truncate_prompt_tokens",
-    "truncation_side", "allowed_token_ids", "prompt_logprobs", "bad_words", "request_id",
-    "return_tokens_as_token_ids", "return_token_ids", "cache_salt", "kv_transfer_params", "echo", "logprobs",
-    "use_beam_search", "best_of", "priority", "response_format", "add_special_tokens"};
+const Fields kCommonHandled = {"model",
+                               "frequency_penalty",
+                               "logit_bias",
+                               "max_tokens",
+                               "n",
+                               "presence_penalty",
+                               "seed",
+                               "stop",
+                               "stream",
+                               "stream_options",
+                               "temperature",
+                               "top_p",
+                               "top_k",
+                               "min_p",
+                               "repetition_penalty",
+                               "stop_token_ids",
+                               "include_stop_str_in_output",
+                               "ignore_eos",
+                               "min_tokens",
+                               "skip_special_tokens",
+                               "truncate_prompt_tokens",
+                               "truncation_side",
+                               "allowed_token_ids",
+                               "prompt_logprobs",
+                               "bad_words",
+                               "request_id",
+                               "return_tokens_as_token_ids",
+                               "return_token_ids",
+                               "cache_salt",
+                               "kv_transfer_params",
+                               "echo",
+                               "logprobs",
+                               "use_beam_search",
+                               "best_of",
+                               "priority",
+                               "response_format",
+                               "add_special_tokens"};
 const Fields kCompletionHandled = {"prompt", "suffix"};
-const Fields kChatHandled = {"messages", "top_logprobs", "max_completion_tokens", "tools", "tool_choice",
-                             "parallel_tool_calls", "reasoning_effort", "include_reasoning",
-                             "add_generation_prompt", "continue_final_message", "documents", "chat_template",
-                             "chat_template_kwargs", "return_prompt_text"};
+const Fields kChatHandled = {"messages",
+                             "top_logprobs",
+                             "max_completion_tokens",
+                             "tools",
+                             "tool_choice",
+                             "parallel_tool_calls",
+                             "reasoning_effort",
+                             "include_reasoning",
+                             "add_generation_prompt",
+                             "continue_final_message",
+                             "documents",
+                             "chat_template",
+                             "chat_template_kwargs",
+                             "return_prompt_text"};
 
 // Accepted, no effect, as in vLLM: `user` (vLLM: "will be ignored");
 // spaces_between_special_tokens (vLLM's fast-tokenizer detokenizer ignores
@@ -29,8 +69,13 @@ const Fields kChatHandled = {"messages", "top_logprobs", "max_completion_tokens"
 // session_id (a routing hint vLLM does not act on in one engine);
 // return_token_offsets and return_mm_kwargs (vLLM: render endpoints only);
 // routed_experts_prompt_start (MoE routing output, which this server never returns).
-const Fields kIgnored = {"user", "spaces_between_special_tokens", "length_penalty", "session_id",
-                         "return_token_offsets", "return_mm_kwargs", "routed_experts_prompt_start"};
+const Fields kIgnored = {"user",
+                         "spaces_between_special_tokens",
+                         "length_penalty",
+                         "session_id",
+                         "return_token_offsets",
+                         "return_mm_kwargs",
+                         "routed_experts_prompt_start"};
 
 // Known to vLLM, not implemented here: refused unless absent, null or neutral.
 struct Unsupported {
@@ -86,7 +131,8 @@ Result<void> check_request_fields(const nlohmann::json& body, ApiKind kind) {
   for (auto it = body.begin(); it != body.end(); ++it) {
     const std::string& name = it.key();
     if (contains(kCommonHandled, name) || contains(own, name) || contains(kIgnored, name)) continue;
-    auto u = std::find_if(kUnsupported.begin(), kUnsupported.end(), [&](const Unsupported& x) { return x.name == name; });
+    auto u =
+        std::find_if(kUnsupported.begin(), kUnsupported.end(), [&](const Unsupported& x) { return x.name == name; });
     if (u != kUnsupported.end()) {
       if (neutral(name, it.value())) continue;
       return invalid_argument("'" + name + "' is not supported by this server: " + u->why + "; remove the field");

@@ -10,7 +10,6 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
-
 #include <string_view>
 #include <vector>
 

@@ -164,7 +164,8 @@ Result<SamplingRequest> parse_sampling(const nlohmann::json& body, ApiKind kind,
   if (repetition) p.repetition_penalty = *repetition;
   SIESTA_ASSIGN_OR_RETURN(p.logit_bias, read_logit_bias(body, vocab_size));
   if (auto it = body.find("allowed_token_ids"); it != body.end() && !it->is_null()) {
-    if (it->is_array() && it->empty()) return invalid_argument("'allowed_token_ids' is an empty list: no token could be chosen");
+    if (it->is_array() && it->empty())
+      return invalid_argument("'allowed_token_ids' is an empty list: no token could be chosen");
     SIESTA_ASSIGN_OR_RETURN(p.allowed_token_ids, read_int_list(body, "allowed_token_ids", 0, vocab_size - 1));
     std::sort(p.allowed_token_ids.begin(), p.allowed_token_ids.end());
     p.allowed_token_ids.erase(std::unique(p.allowed_token_ids.begin(), p.allowed_token_ids.end()),

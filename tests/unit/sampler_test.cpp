@@ -417,9 +417,14 @@ TEST(Sampler, AdjustedRowsAreLeftToTheHost) {
   std::vector<int32_t> banned;
   SamplingParams p;
   EXPECT_TRUE(sampler.device_choice(p, 0, 0.5, banned));
-  for (auto set : {+[](SamplingParams& q) { q.presence_penalty = 0.1; }, +[](SamplingParams& q) { q.frequency_penalty = 0.1; },
-                   +[](SamplingParams& q) { q.repetition_penalty = 1.1; }, +[](SamplingParams& q) { q.logit_bias = {{1, 1.0}}; },
-                   +[](SamplingParams& q) { q.allowed_token_ids = {1}; }, +[](SamplingParams& q) { q.bad_words_token_ids = {{1}}; }}) {
+  for (auto set :
+       {+[](SamplingParams& q) { q.presence_penalty = 0.1; }, +[](SamplingParams& q) { q.frequency_penalty = 0.1; },
+        +[](SamplingParams& q) { q.repetition_penalty = 1.1; },
+        +[](SamplingParams& q) {
+          q.logit_bias = {{1, 1.0}};
+        },
+        +[](SamplingParams& q) { q.allowed_token_ids = {1}; },
+        +[](SamplingParams& q) { q.bad_words_token_ids = {{1}}; }}) {
     SamplingParams q;
     set(q);
     EXPECT_FALSE(sampler.device_choice(q, 0, 0.5, banned));

@@ -50,8 +50,9 @@ const Fixture* fixture() {
     if (!tok || !qwen3 || !qwen25) return std::nullopt;
     return Fixture{std::move(*tok), std::move(*qwen3), std::move(*qwen25)};
   }();
-  if (!f) ADD_FAILURE() << "the Qwen3 tokenizer assets are missing under " << assets_dir()
-                        << ": run scripts/setup, or point SIESTA_ASSETS at them";
+  if (!f)
+    ADD_FAILURE() << "the Qwen3 tokenizer assets are missing under " << assets_dir()
+                  << ": run scripts/setup, or point SIESTA_ASSETS at them";
   return f ? &*f : nullptr;
 }
 

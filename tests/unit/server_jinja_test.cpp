@@ -23,11 +23,11 @@ TEST(Jinja, WhitespaceControlAsHuggingFaceSetsIt) {
   EXPECT_EQ(render("{% if true %}\n  yes\n{% endif %}\nafter"), "  yes\nafter");
   EXPECT_EQ(render("    {% if true %}x{% endif %}"), "x");
   EXPECT_EQ(render("a  \n  {%- if true -%}  \n b {%- endif %}"), "ab");
-  EXPECT_EQ(render("{{ 'a' }}\n{{ 'b' }}"), "a\nb");           // variable tags keep their newline
-  EXPECT_EQ(render("x {% if true %}y{% endif %}"), "x y");        // not at a line start: kept
+  EXPECT_EQ(render("{{ 'a' }}\n{{ 'b' }}"), "a\nb");        // variable tags keep their newline
+  EXPECT_EQ(render("x {% if true %}y{% endif %}"), "x y");  // not at a line start: kept
   EXPECT_EQ(render("{# note #}\nz"), "z");
-  EXPECT_EQ(render("{%+ if true %}k{% endif +%}\n"), "k");        // + keeps, one trailing newline dropped
-  EXPECT_EQ(render("line\n"), "line");                             // keep_trailing_newline off
+  EXPECT_EQ(render("{%+ if true %}k{% endif +%}\n"), "k");  // + keeps, one trailing newline dropped
+  EXPECT_EQ(render("line\n"), "line");                      // keep_trailing_newline off
   EXPECT_EQ(render("{% raw %}{{ not }}{% endraw %}"), "{{ not }}");
 }
 
@@ -44,13 +44,15 @@ TEST(Jinja, TojsonIsHuggingFacesJsonDumps) {
                                                     "n": null, "b": false, "z": 10}})");
   EXPECT_EQ(render("{{ t | tojson }}", ctx),
             R"({"name": "f", "x": 1.5, "u": "é \"q\" \n", "l": [], "o": {}, "n": null, "b": false, "z": 10})");
-  EXPECT_EQ(render("{{ t.l | tojson(indent=2) }}|{{ {'a': [1, 2]} | tojson(indent=2) }}", ctx), "[]|{\n  \"a\": [\n    1,\n    2\n  ]\n}");
+  EXPECT_EQ(render("{{ t.l | tojson(indent=2) }}|{{ {'a': [1, 2]} | tojson(indent=2) }}", ctx),
+            "[]|{\n  \"a\": [\n    1,\n    2\n  ]\n}");
   EXPECT_EQ(render("{{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }}"), R"({"a": 2, "b": 1})");
 }
 
 TEST(Jinja, StringMethodsAndSlicesFollowPython) {
-  EXPECT_EQ(render("{{ 'a</think>b</think>c'.split('</think>')[-1] }}|{{ '\n\nx\n'.lstrip('\n') }}|{{ ' y '.strip() }}"),
-            "c|x\n|y");
+  EXPECT_EQ(
+      render("{{ 'a</think>b</think>c'.split('</think>')[-1] }}|{{ '\n\nx\n'.lstrip('\n') }}|{{ ' y '.strip() }}"),
+      "c|x\n|y");
   EXPECT_EQ(render("{{ 'a b  c'.split() }}|{{ 'a,b,c'.split(',', 1) }}|{{ 'héllo'[1:3] }}|{{ [1,2,3,4][::-1] }}"),
             "['a', 'b', 'c']|['a', 'b,c']|él|[4, 3, 2, 1]");
   EXPECT_EQ(render("{{ '<tool_response>x'.startswith('<tool_response>') }}|{{ 'abc'.endswith(('x', 'c')) }}"),
@@ -61,9 +63,11 @@ TEST(Jinja, StringMethodsAndSlicesFollowPython) {
 }
 
 TEST(Jinja, LoopsNamespacesAndScopes) {
-  const auto ctx = nlohmann::ordered_json::parse(R"({"m": [{"role": "user"}, {"role": "assistant"}, {"role": "user"}]})");
-  EXPECT_EQ(render("{% for x in m %}{{ loop.index0 }}{{ x.role[0] }}{% if not loop.last %},{% endif %}{% endfor %}", ctx),
-            "0u,1a,2u");
+  const auto ctx =
+      nlohmann::ordered_json::parse(R"({"m": [{"role": "user"}, {"role": "assistant"}, {"role": "user"}]})");
+  EXPECT_EQ(
+      render("{% for x in m %}{{ loop.index0 }}{{ x.role[0] }}{% if not loop.last %},{% endif %}{% endfor %}", ctx),
+      "0u,1a,2u");
   // set in a loop does not leak out; a namespace does.
   EXPECT_EQ(render("{% set n = 0 %}{% set ns = namespace(k=0) %}{% for x in m %}{% set n = n + 1 %}"
                    "{% set ns.k = ns.k + 1 %}{% endfor %}{{ n }}/{{ ns.k }}",
@@ -71,9 +75,10 @@ TEST(Jinja, LoopsNamespacesAndScopes) {
             "0/3");
   EXPECT_EQ(render("{% for x in m if x.role == 'user' %}{{ loop.length }}{% endfor %}", ctx), "22");
   EXPECT_EQ(render("{% for x in [] %}a{% else %}empty{% endfor %}"), "empty");
-  EXPECT_EQ(render("{% for i in range(5) %}{% if i == 3 %}{% break %}{% endif %}{% if i == 1 %}{% continue %}{% endif %}"
-                   "{{ i }}{% endfor %}"),
-            "02");
+  EXPECT_EQ(
+      render("{% for i in range(5) %}{% if i == 3 %}{% break %}{% endif %}{% if i == 1 %}{% continue %}{% endif %}"
+             "{{ i }}{% endfor %}"),
+      "02");
   EXPECT_EQ(render("{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}={{ v }};{% endfor %}"), "a=1;b=2;");
   EXPECT_EQ(render("{% macro tag(name, v='x') %}<{{ name }}>{{ v }}{% endmacro %}{{ tag('a') }}{{ tag('b', v='y') }}"),
             "<a>x<b>y");
@@ -81,7 +86,8 @@ TEST(Jinja, LoopsNamespacesAndScopes) {
 }
 
 TEST(Jinja, TestsAndFilters) {
-  const auto ctx = nlohmann::ordered_json::parse(R"({"d": {"a": null, "s": "x", "l": [1, 2]}, "items": [{"type": "text", "v": 1},
+  const auto ctx =
+      nlohmann::ordered_json::parse(R"({"d": {"a": null, "s": "x", "l": [1, 2]}, "items": [{"type": "text", "v": 1},
                                                     {"type": "image", "v": 2}]})");
   EXPECT_EQ(render("{{ d.a is none }}|{{ d.missing is defined }}|{{ d.s is string }}|{{ d is mapping }}|"
                    "{{ d.l is iterable }}|{{ false is false }}|{{ d.a is not none }}",

@@ -93,11 +93,12 @@ TEST(CompletionRequest, NothingIsSilentlyIgnored) {
   // Unknown fields, and known ones this server cannot honour, are refused by name.
   EXPECT_NE(error_of(R"({"prompt": "x", "temprature": 0.5})").find("'temprature' is not a field"), std::string::npos);
   EXPECT_NE(error_of(R"({"prompt": "x", "messages": []})").find("belongs to /v1/chat/completions"), std::string::npos);
-  for (const char* body : {R"({"prompt": "x", "structured_outputs": {"json": {}}})", R"({"prompt": "x", "guided_json": {}})",
-                           R"({"prompt": "x", "guided_choice": ["a"]})", R"({"prompt": "x", "logprob_token_ids": [1]})",
-                           R"({"prompt": "x", "response_format": {"type": "json_object"}})",
-                           R"({"prompt": "x", "stream_interval": 4})", R"({"prompt": "x", "priority": 1})",
-                           R"({"prompt": "x", "thinking_token_budget": 10})", R"({"prompt": "x", "use_beam_search": true})"})
+  for (const char* body :
+       {R"({"prompt": "x", "structured_outputs": {"json": {}}})", R"({"prompt": "x", "guided_json": {}})",
+        R"({"prompt": "x", "guided_choice": ["a"]})", R"({"prompt": "x", "logprob_token_ids": [1]})",
+        R"({"prompt": "x", "response_format": {"type": "json_object"}})", R"({"prompt": "x", "stream_interval": 4})",
+        R"({"prompt": "x", "priority": 1})", R"({"prompt": "x", "thinking_token_budget": 10})",
+        R"({"prompt": "x", "use_beam_search": true})"})
     EXPECT_NE(error_of(body).find("not supported"), std::string::npos) << body << ": " << error_of(body);
   // Their neutral values, and the fields vLLM ignores too, are accepted.
   EXPECT_EQ(error_of(R"({"prompt": "x", "structured_outputs": null, "guided_json": null, "stream_interval": 1,
@@ -111,7 +112,8 @@ TEST(CompletionRequest, NothingIsSilentlyIgnored) {
   EXPECT_NE(error_of(R"({"prompt": "x", "stream": true, "stream_options": {"include_usage": true, "x": 1}})")
                 .find("'stream_options.x'"),
             std::string::npos);
-  EXPECT_NE(error_of(R"({"prompt": "x", "stream": true, "prompt_logprobs": 1})").find("stream=True"), std::string::npos);
+  EXPECT_NE(error_of(R"({"prompt": "x", "stream": true, "prompt_logprobs": 1})").find("stream=True"),
+            std::string::npos);
 }
 
 TEST(CompletionRequest, SamplingFieldsOfVllm) {
@@ -130,9 +132,11 @@ TEST(CompletionRequest, SamplingFieldsOfVllm) {
   EXPECT_TRUE(r->prompt_logprobs);
 
   EXPECT_NE(error_of(R"({"prompt": "x", "logit_bias": {"abc": 1}})").find("keys must be token ids"), std::string::npos);
-  EXPECT_NE(error_of(R"({"prompt": "x", "logit_bias": {"99999": 1}})").find("outside the vocabulary"), std::string::npos);
+  EXPECT_NE(error_of(R"({"prompt": "x", "logit_bias": {"99999": 1}})").find("outside the vocabulary"),
+            std::string::npos);
   EXPECT_NE(error_of(R"({"prompt": "x", "allowed_token_ids": []})").find("empty list"), std::string::npos);
-  EXPECT_NE(error_of(R"({"prompt": "x", "allowed_token_ids": [99999]})").find("'allowed_token_ids'"), std::string::npos);
+  EXPECT_NE(error_of(R"({"prompt": "x", "allowed_token_ids": [99999]})").find("'allowed_token_ids'"),
+            std::string::npos);
   EXPECT_NE(error_of(R"({"prompt": "x", "repetition_penalty": 0})").find("repetition_penalty"), std::string::npos);
   EXPECT_NE(error_of(R"({"prompt": "x", "prompt_logprobs": -1})").find("at most 20"), std::string::npos);
 
@@ -224,10 +228,11 @@ TEST(ChatRequest, ToolChoiceAsVllmValidatesIt) {
             std::string::npos);
   EXPECT_NE(chat_error("{" + msgs + R"(, "tools": []})", tools_on()).find("must not be an empty array"),
             std::string::npos);
-  EXPECT_NE(chat_error("{" + msgs + "," + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "x"}}})",
-                       tools_on())
-                .find("does not match any"),
-            std::string::npos);
+  EXPECT_NE(
+      chat_error("{" + msgs + "," + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "x"}}})",
+                 tools_on())
+          .find("does not match any"),
+      std::string::npos);
   EXPECT_NE(chat_error("{" + msgs + "," + tools + R"(, "tool_choice": "sometimes"})", tools_on()).find("Invalid value"),
             std::string::npos);
 
@@ -242,15 +247,17 @@ TEST(ChatRequest, ToolChoiceAsVllmValidatesIt) {
 
   // required / named: the answer starts with the tool call (this tokenizer has no </think> token:
   // from the first token on).
-  auto named = chat("{" + msgs + "," + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})",
-                    tools_on());
+  auto named =
+      chat("{" + msgs + "," + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})",
+           tools_on());
   ASSERT_TRUE(named) << named.error().message;
   EXPECT_EQ(named->tool_choice, ToolChoice::kNamed);
   EXPECT_TRUE(named->output.single_tool_call);
   EXPECT_EQ(tokenizer().decode(named->requests[0].params.forced_tokens),
             "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ");
   EXPECT_FALSE(named->requests[0].params.force_after_token);
-  auto required = chat("{" + msgs + "," + tools + R"(, "tool_choice": "required", "parallel_tool_calls": false})", tools_on());
+  auto required =
+      chat("{" + msgs + "," + tools + R"(, "tool_choice": "required", "parallel_tool_calls": false})", tools_on());
   ASSERT_TRUE(required);
   EXPECT_EQ(tokenizer().decode(required->requests[0].params.forced_tokens), "<tool_call>\n");
   EXPECT_TRUE(required->output.single_tool_call);
@@ -363,7 +370,8 @@ TEST(PrometheusText, VllmNamesAndHistogramBuckets) {
         "siesta:prefix_cache_hits_total{model_name=\"tiny\"} 48", "siesta:num_preemptions_total{model_name=\"tiny\"} 3",
         "siesta:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.005\"} 1",
         "siesta:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.001\"} 0",
-        "siesta:e2e_request_latency_seconds_count{model_name=\"tiny\"} 1", "# TYPE siesta:inter_token_latency_seconds histogram"})
+        "siesta:e2e_request_latency_seconds_count{model_name=\"tiny\"} 1",
+        "# TYPE siesta:inter_token_latency_seconds histogram"})
     EXPECT_NE(text.find(needle), std::string::npos) << needle << "\n" << text;
 }
 
@@ -399,7 +407,8 @@ TEST(OpenAiResponse, ChatReasoningAndToolCallsWholeAndStreamed) {
   std::string finish;
   for (size_t i = 0; i < text.size(); ++i) {
     const bool last = i + 1 == text.size();
-    for (const nlohmann::json& c : streamed.chunks({0, delta(text.substr(i, 1), {5}, last ? std::optional(FinishReason::kStop) : std::nullopt)})) {
+    for (const nlohmann::json& c : streamed.chunks(
+             {0, delta(text.substr(i, 1), {5}, last ? std::optional(FinishReason::kStop) : std::nullopt)})) {
       const nlohmann::json& d = c["choices"][0]["delta"];
       if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
       if (d.contains("content")) content += d["content"].get<std::string>();
@@ -463,11 +472,12 @@ TEST(PrometheusText, SleepStateAndVllmNames) {
   EXPECT_EQ(text.find("vllm:"), std::string::npos);
   o.vllm_names = true;
   text = render_prometheus(m.snapshot(), "tiny", o);
-  for (const char* needle : {"vllm:num_requests_running{model_name=\"tiny\",engine=\"0\"} 1",
-                             "vllm:kv_cache_usage_perc{model_name=\"tiny\",engine=\"0\"} 0.5",
-                             "vllm:gpu_cache_usage_perc{model_name=\"tiny\",engine=\"0\"} 0.5",
-                             "# TYPE vllm:time_to_first_token_seconds histogram",
-                             "vllm:engine_sleep_state{model_name=\"tiny\",sleep_state=\"weights_offloaded\",engine=\"0\"} 1"})
+  for (const char* needle :
+       {"vllm:num_requests_running{model_name=\"tiny\",engine=\"0\"} 1",
+        "vllm:kv_cache_usage_perc{model_name=\"tiny\",engine=\"0\"} 0.5",
+        "vllm:gpu_cache_usage_perc{model_name=\"tiny\",engine=\"0\"} 0.5",
+        "# TYPE vllm:time_to_first_token_seconds histogram",
+        "vllm:engine_sleep_state{model_name=\"tiny\",sleep_state=\"weights_offloaded\",engine=\"0\"} 1"})
     EXPECT_NE(text.find(needle), std::string::npos) << needle << "\n" << text;
 }
 

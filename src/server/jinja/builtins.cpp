@@ -114,7 +114,8 @@ Value py_split(const std::string& s, const Value& sep, const Value& maxsplit_v, 
     if (!from_right) {
       for (int64_t k = 0; k < maxsplit; ++k) joined.push_back(parts[k]);
       std::string rest;
-      for (size_t k = static_cast<size_t>(maxsplit); k < parts.size(); ++k) rest += (k > static_cast<size_t>(maxsplit) ? d : "") + parts[k];
+      for (size_t k = static_cast<size_t>(maxsplit); k < parts.size(); ++k)
+        rest += (k > static_cast<size_t>(maxsplit) ? d : "") + parts[k];
       joined.push_back(rest);
     } else {
       const size_t head = parts.size() - static_cast<size_t>(maxsplit);
@@ -171,7 +172,8 @@ void need_string(const Value& v, const char* what) {
 
 bool starts_or_ends(const std::string& s, const Value& arg, bool start, const char* name) {
   auto one = [&](const Value& p) {
-    if (!p.is_string()) throw Error(std::string(name) + " first arg must be str or a tuple of str, got " + p.type_name());
+    if (!p.is_string())
+      throw Error(std::string(name) + " first arg must be str or a tuple of str, got " + p.type_name());
     const std::string& x = p.str();
     if (x.size() > s.size()) return false;
     return start ? s.compare(0, x.size(), x) == 0 : s.compare(s.size() - x.size(), x.size(), x) == 0;
@@ -199,9 +201,8 @@ Value bound_method(const Value& self, const std::string& name) {
     auto method = [&](auto fn) { return Value::callable("str." + name, fn); };
     if (name == "startswith" || name == "endswith") {
       const bool start = name == "startswith";
-      return method([s, start, name](CallArgs& a) {
-        return Value(starts_or_ends(s, a.get(0, "prefix"), start, name.c_str()));
-      });
+      return method(
+          [s, start, name](CallArgs& a) { return Value(starts_or_ends(s, a.get(0, "prefix"), start, name.c_str())); });
     }
     if (name == "strip" || name == "lstrip" || name == "rstrip") {
       const bool l = name != "rstrip", r = name != "lstrip";
@@ -222,9 +223,12 @@ Value bound_method(const Value& self, const std::string& name) {
         bool word_start = true;
         for (size_t i = 0; i < cps.size(); ++i) {
           const auto c = static_cast<utf8proc_int32_t>(cps[i]);
-          const bool letter = utf8proc_category(c) >= UTF8PROC_CATEGORY_LU && utf8proc_category(c) <= UTF8PROC_CATEGORY_LO;
-          if ((title && word_start) || (!title && i == 0)) cps[i] = static_cast<uint32_t>(utf8proc_toupper(c));
-          else cps[i] = static_cast<uint32_t>(utf8proc_tolower(c));
+          const bool letter =
+              utf8proc_category(c) >= UTF8PROC_CATEGORY_LU && utf8proc_category(c) <= UTF8PROC_CATEGORY_LO;
+          if ((title && word_start) || (!title && i == 0))
+            cps[i] = static_cast<uint32_t>(utf8proc_toupper(c));
+          else
+            cps[i] = static_cast<uint32_t>(utf8proc_tolower(c));
           word_start = !letter;
         }
         return Value(encode(cps));
@@ -258,7 +262,8 @@ Value bound_method(const Value& self, const std::string& name) {
         std::string out;
         const List items = iterate(a.get(0, "iterable"));
         for (size_t i = 0; i < items.size(); ++i) {
-          if (!items[i].is_string()) throw Error("str.join: item " + std::to_string(i) + " is " + items[i].type_name() + ", not str");
+          if (!items[i].is_string())
+            throw Error("str.join: item " + std::to_string(i) + " is " + items[i].type_name() + ", not str");
           if (i > 0) out += s;
           out += items[i].str();
         }
@@ -339,8 +344,8 @@ Value binary_op(const std::string& op, const Value& a, const Value& b) {
   if (op == "~") return Value(a.to_string() + b.to_string());
   if (a.is_undefined() || b.is_undefined()) {
     const Value& u = a.is_undefined() ? a : b;
-    throw Error("'" + (u.undefined_name().empty() ? std::string("value") : u.undefined_name()) + "' is undefined (in '" +
-                op + "')");
+    throw Error("'" + (u.undefined_name().empty() ? std::string("value") : u.undefined_name()) +
+                "' is undefined (in '" + op + "')");
   }
   auto type_error = [&]() -> Value {
     throw Error("unsupported operand types for " + op + ": '" + a.type_name() + "' and '" + b.type_name() + "'");
@@ -477,7 +482,8 @@ Value slice(const Value& v, const Value& start_v, const Value& stop_v, const Val
   if (step == 0) throw Error("slice step cannot be zero");
   std::vector<std::string> chars;
   int64_t n = 0;
-  if (v.is_list()) n = static_cast<int64_t>(v.items().size());
+  if (v.is_list())
+    n = static_cast<int64_t>(v.items().size());
   else if (v.is_string()) {
     chars = utf8_chars(v.str());
     n = static_cast<int64_t>(chars.size());
@@ -501,15 +507,18 @@ Value slice(const Value& v, const Value& start_v, const Value& stop_v, const Val
   List items;
   std::string text;
   for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-    if (v.is_list()) items.push_back(v.items()[static_cast<size_t>(i)]);
-    else text += chars[static_cast<size_t>(i)];
+    if (v.is_list())
+      items.push_back(v.items()[static_cast<size_t>(i)]);
+    else
+      text += chars[static_cast<size_t>(i)];
   }
   return v.is_list() ? Value::list(std::move(items)) : Value(text);
 }
 
 List iterate(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::kList: return v.items();
+    case Value::Kind::kList:
+      return v.items();
     case Value::Kind::kDict: {
       List out;
       for (const auto& kv : v.entries().items) out.push_back(Value(kv.first));
@@ -520,8 +529,10 @@ List iterate(const Value& v) {
       for (std::string& c : utf8_chars(v.str())) out.push_back(Value(std::move(c)));
       return out;
     }
-    case Value::Kind::kUndefined: return {};
-    default: throw Error("'" + v.type_name() + "' object is not iterable");
+    case Value::Kind::kUndefined:
+      return {};
+    default:
+      throw Error("'" + v.type_name() + "' object is not iterable");
   }
 }
 
@@ -682,7 +693,8 @@ std::optional<Value> apply_filter(const std::string& name, const Value& v, const
     const Value width = a.get(0, "width", Value(static_cast<int64_t>(4)));
     const bool first = a.get(1, "first", Value(false)).truthy();
     const bool blank = a.get(2, "blank", Value(false)).truthy();
-    const std::string pad = width.is_string() ? width.str() : std::string(static_cast<size_t>(std::max<int64_t>(width.as_int(), 0)), ' ');
+    const std::string pad =
+        width.is_string() ? width.str() : std::string(static_cast<size_t>(std::max<int64_t>(width.as_int(), 0)), ' ');
     const std::string s = v.to_string();
     std::string out;
     size_t start = 0;
@@ -766,55 +778,56 @@ std::optional<Value> apply_filter(const std::string& name, const Value& v, const
 Dict make_globals() {
   Dict g;
   g.set("range", Value::callable("range", [](CallArgs& a) {
-    int64_t start = 0, stop = 0, step = 1;
-    for (const Value& x : a.args)
-      if (!x.is_int()) throw Error("range() arguments must be integers, got " + x.type_name());
-    if (a.args.size() == 1) stop = a.args[0].as_int();
-    else if (a.args.size() >= 2) {
-      start = a.args[0].as_int();
-      stop = a.args[1].as_int();
-      if (a.args.size() >= 3) step = a.args[2].as_int();
-    } else {
-      throw Error("range() takes 1 to 3 arguments");
-    }
-    if (step == 0) throw Error("range() step must not be zero");
-    List out;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-      if (out.size() >= 1000000) throw Error("range() of more than 1000000 items");
-      out.push_back(Value(i));
-    }
-    return Value::list(std::move(out));
-  }));
+          int64_t start = 0, stop = 0, step = 1;
+          for (const Value& x : a.args)
+            if (!x.is_int()) throw Error("range() arguments must be integers, got " + x.type_name());
+          if (a.args.size() == 1)
+            stop = a.args[0].as_int();
+          else if (a.args.size() >= 2) {
+            start = a.args[0].as_int();
+            stop = a.args[1].as_int();
+            if (a.args.size() >= 3) step = a.args[2].as_int();
+          } else {
+            throw Error("range() takes 1 to 3 arguments");
+          }
+          if (step == 0) throw Error("range() step must not be zero");
+          List out;
+          for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+            if (out.size() >= 1000000) throw Error("range() of more than 1000000 items");
+            out.push_back(Value(i));
+          }
+          return Value::list(std::move(out));
+        }));
   g.set("namespace", Value::callable("namespace", [](CallArgs& a) {
-    Dict d;
-    for (const Value& x : a.args) {
-      if (!x.is_dict()) throw Error("namespace() takes keyword arguments or a mapping");
-      for (const auto& [k, v] : x.entries().items) d.set(k, v);
-    }
-    for (const auto& [k, v] : a.kwargs) d.set(k, v);
-    return Value::ns(std::move(d));
-  }));
+          Dict d;
+          for (const Value& x : a.args) {
+            if (!x.is_dict()) throw Error("namespace() takes keyword arguments or a mapping");
+            for (const auto& [k, v] : x.entries().items) d.set(k, v);
+          }
+          for (const auto& [k, v] : a.kwargs) d.set(k, v);
+          return Value::ns(std::move(d));
+        }));
   g.set("dict", Value::callable("dict", [](CallArgs& a) {
-    Dict d;
-    for (const Value& x : a.args)
-      if (x.is_dict())
-        for (const auto& [k, v] : x.entries().items) d.set(k, v);
-    for (const auto& [k, v] : a.kwargs) d.set(k, v);
-    return Value::dict(std::move(d));
-  }));
+          Dict d;
+          for (const Value& x : a.args)
+            if (x.is_dict())
+              for (const auto& [k, v] : x.entries().items) d.set(k, v);
+          for (const auto& [k, v] : a.kwargs) d.set(k, v);
+          return Value::dict(std::move(d));
+        }));
   g.set("raise_exception", Value::callable("raise_exception", [](CallArgs& a) -> Value {
-    throw Error("the chat template raised an error: " + a.get(0, "message").to_string());
-  }));
+          throw Error("the chat template raised an error: " + a.get(0, "message").to_string());
+        }));
   g.set("strftime_now", Value::callable("strftime_now", [](CallArgs& a) {
-    const Value fmt = a.get(0, "format");
-    if (!fmt.is_string()) throw Error("strftime_now() needs a format string");
-    const std::time_t t = std::time(nullptr);
-    std::tm tm{};
-    localtime_r(&t, &tm);
-    char buf[256];
-    const size_t n = std::strftime(buf, sizeof(buf), fmt.str().c_str(), &tm);
-    return Value(std::string(buf, n));
-  }));
+          const Value fmt = a.get(0, "format");
+          if (!fmt.is_string()) throw Error("strftime_now() needs a format string");
+          const std::time_t t = std::time(nullptr);
+          std::tm tm{};
+          localtime_r(&t, &tm);
+          char buf[256];
+          const size_t n = std::strftime(buf, sizeof(buf), fmt.str().c_str(), &tm);
+          return Value(std::string(buf, n));
+        }));
   return g;
 }
 

@@ -34,7 +34,7 @@ void append_utf8(std::string& out, uint32_t cp) {
 struct RawTag {
   Piece::Kind kind;  // kVar, kBlock, or kText for a comment (dropped later)
   bool comment = false;
-  char left = 0;   // '-', '+' or 0
+  char left = 0;  // '-', '+' or 0
   char right = 0;
   std::string body;
   int line = 1;
@@ -104,18 +104,42 @@ std::vector<Token> tokenize(const std::string& s, int line) {
         if (++j >= s.size()) throw Error("unterminated string literal" + at_line(start_line));
         const char e = s[j];
         switch (e) {
-          case 'n': text += '\n'; break;
-          case 't': text += '\t'; break;
-          case 'r': text += '\r'; break;
-          case '0': text += '\0'; break;
-          case 'a': text += '\a'; break;
-          case 'b': text += '\b'; break;
-          case 'f': text += '\f'; break;
-          case 'v': text += '\v'; break;
-          case '\\': text += '\\'; break;
-          case '\'': text += '\''; break;
-          case '"': text += '"'; break;
-          case '\n': ++line; break;  // line continuation
+          case 'n':
+            text += '\n';
+            break;
+          case 't':
+            text += '\t';
+            break;
+          case 'r':
+            text += '\r';
+            break;
+          case '0':
+            text += '\0';
+            break;
+          case 'a':
+            text += '\a';
+            break;
+          case 'b':
+            text += '\b';
+            break;
+          case 'f':
+            text += '\f';
+            break;
+          case 'v':
+            text += '\v';
+            break;
+          case '\\':
+            text += '\\';
+            break;
+          case '\'':
+            text += '\'';
+            break;
+          case '"':
+            text += '"';
+            break;
+          case '\n':
+            ++line;
+            break;  // line continuation
           case 'x':
           case 'u':
           case 'U': {
@@ -127,8 +151,8 @@ std::vector<Token> tokenize(const std::string& s, int line) {
               const char h = j + k < s.size() ? s[j + k] : '\0';
               if (!std::isxdigit(static_cast<unsigned char>(h)))
                 throw Error("bad \\" + std::string(1, e) + " escape in a string literal" + at_line(line));
-              cp = cp * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0'
-                                                                                               : (std::tolower(h) - 'a' + 10));
+              cp = cp * 16 + static_cast<uint32_t>(
+                                 std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (std::tolower(h) - 'a' + 10));
             }
             append_utf8(text, cp);
             j += n;
@@ -143,8 +167,8 @@ std::vector<Token> tokenize(const std::string& s, int line) {
       i = j + 1;
       continue;
     }
-    static const char* kOps[] = {"==", "!=", "<=", ">=", "//", "**", "<", ">", "+", "-", "*", "/", "%", "~",
-                                 "=",  "(",  ")",  "[",  "]",  "{", "}", ",", ".", ":", "|"};
+    static const char* kOps[] = {"==", "!=", "<=", ">=", "//", "**", "<", ">", "+", "-", "*", "/", "%",
+                                 "~",  "=",  "(",  ")",  "[",  "]",  "{", "}", ",", ".", ":", "|"};
     bool matched = false;
     for (const char* op : kOps) {
       const std::string_view o(op);
@@ -295,7 +319,7 @@ std::vector<Piece> lex(std::string_view raw) {
   // its line) and trim_blocks (one newline after it), unless marked `+`.
   // Decided on the text as written, then applied.
   struct TextCut {
-    size_t front = 0;        // characters removed at the start
+    size_t front = 0;  // characters removed at the start
     bool strip_back_all = false;
     bool strip_back_line = false;  // lstrip_blocks: spaces and tabs after the last newline
   };

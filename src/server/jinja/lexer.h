@@ -20,8 +20,8 @@ struct Token {
 struct Piece {
   enum class Kind { kText, kVar, kBlock };  // comments are dropped
   Kind kind = Kind::kText;
-  std::string text;            // kText
-  std::vector<Token> tokens;   // kVar, kBlock (ending with kEnd)
+  std::string text;           // kText
+  std::vector<Token> tokens;  // kVar, kBlock (ending with kEnd)
   int line = 1;
 };
 

@@ -128,9 +128,8 @@ class ExprParser {
     ExprPtr cmp;
     for (;;) {
       std::string op;
-      if (cur().kind == Token::Kind::kOp &&
-          (cur().text == "==" || cur().text == "!=" || cur().text == "<" || cur().text == "<=" || cur().text == ">" ||
-           cur().text == ">=")) {
+      if (cur().kind == Token::Kind::kOp && (cur().text == "==" || cur().text == "!=" || cur().text == "<" ||
+                                             cur().text == "<=" || cur().text == ">" || cur().text == ">=")) {
         op = cur().text;
         next();
       } else if (is_name("in")) {
@@ -221,9 +220,12 @@ class ExprParser {
         const std::string n = tk.text;
         next();
         ExprPtr e = make(Expr::Kind::kLiteral, line);
-        if (n == "true" || n == "True") e->value = Value(true);
-        else if (n == "false" || n == "False") e->value = Value(false);
-        else if (n == "none" || n == "None") e->value = Value::none();
+        if (n == "true" || n == "True")
+          e->value = Value(true);
+        else if (n == "false" || n == "False")
+          e->value = Value(false);
+        else if (n == "none" || n == "None")
+          e->value = Value::none();
         else {
           e->kind = Expr::Kind::kName;
           e->name = n;
@@ -294,7 +296,8 @@ class ExprParser {
           return d;
         }
         break;
-      default: break;
+      default:
+        break;
     }
     fail("expected an expression");
   }
@@ -400,8 +403,7 @@ class ExprParser {
         if (is_op("(")) {
           call_args(*t);
         } else if ((cur().kind == Token::Kind::kName || cur().kind == Token::Kind::kString ||
-                    cur().kind == Token::Kind::kInt || cur().kind == Token::Kind::kFloat || is_op("[") ||
-                    is_op("{")) &&
+                    cur().kind == Token::Kind::kInt || cur().kind == Token::Kind::kFloat || is_op("[") || is_op("{")) &&
                    !is_name("else") && !is_name("or") && !is_name("and")) {
           if (is_name("is")) fail("tests cannot be chained with 'is'");
           t->args.push_back(postfix(primary()));
@@ -598,11 +600,10 @@ class StmtParser {
       return s;
     }
     if (name.empty()) throw Error("a {% %} tag without a tag name" + at_line(line));
-    static const std::set<std::string> kClosers = {"endif", "endfor", "endset", "endmacro", "elif", "else",
-                                                   "endgeneration", "endraw"};
+    static const std::set<std::string> kClosers = {"endif", "endfor", "endset",        "endmacro",
+                                                   "elif",  "else",   "endgeneration", "endraw"};
     if (kClosers.count(name)) throw Error("{% " + name + " %} without its opening tag" + at_line(line));
-    throw Error("the tag {% " + name + " %} is not supported by this server's chat template renderer" +
-                at_line(line));
+    throw Error("the tag {% " + name + " %} is not supported by this server's chat template renderer" + at_line(line));
   }
 
   std::vector<Piece> p_;

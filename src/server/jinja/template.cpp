@@ -29,9 +29,7 @@ enum class Flow { kNormal, kBreak, kContinue };
 
 class Renderer {
  public:
-  explicit Renderer(const Dict& context) : globals_(make_globals()) {
-    root_.vars = context;
-  }
+  explicit Renderer(const Dict& context) : globals_(make_globals()) { root_.vars = context; }
 
   std::string run(const Body& body) {
     std::string out;
@@ -67,13 +65,18 @@ class Renderer {
 
   Flow exec_one(const Stmt& s, Scope& scope, std::string& out) {
     switch (s.kind) {
-      case Stmt::Kind::kText: emit(out, s.text); return Flow::kNormal;
-      case Stmt::Kind::kOutput: emit(out, eval(*s.expr, scope).to_string()); return Flow::kNormal;
+      case Stmt::Kind::kText:
+        emit(out, s.text);
+        return Flow::kNormal;
+      case Stmt::Kind::kOutput:
+        emit(out, eval(*s.expr, scope).to_string());
+        return Flow::kNormal;
       case Stmt::Kind::kIf:
         for (size_t i = 0; i < s.conds.size(); ++i)
           if (eval(*s.conds[i], scope).truthy()) return exec(s.bodies[i], scope, out);
         return exec(s.else_body, scope, out);
-      case Stmt::Kind::kFor: return exec_for(s, scope, out);
+      case Stmt::Kind::kFor:
+        return exec_for(s, scope, out);
       case Stmt::Kind::kSet: {
         if (s.block_set) {
           std::string captured;
@@ -104,7 +107,8 @@ class Renderer {
       case Stmt::Kind::kContinue:
         if (loop_depth_ == 0) throw Error("{% continue %} outside a loop" + at_line(s.line));
         return Flow::kContinue;
-      case Stmt::Kind::kBlock: return exec(s.body, scope, out);
+      case Stmt::Kind::kBlock:
+        return exec(s.body, scope, out);
     }
     return Flow::kNormal;
   }
@@ -200,14 +204,17 @@ class Renderer {
 
   Value eval_inner(const Expr& e, Scope& scope) {
     switch (e.kind) {
-      case Expr::Kind::kLiteral: return e.value;
+      case Expr::Kind::kLiteral:
+        return e.value;
       case Expr::Kind::kName: {
         if (const Value* v = scope.find(e.name)) return *v;
         if (const Value* g = globals_.find(e.name)) return *g;
         return Value::undefined(e.name);
       }
-      case Expr::Kind::kAttr: return eval(*e.args[0], scope).get_attr(e.name);
-      case Expr::Kind::kItem: return eval(*e.args[0], scope).get_item(eval(*e.args[1], scope));
+      case Expr::Kind::kAttr:
+        return eval(*e.args[0], scope).get_attr(e.name);
+      case Expr::Kind::kItem:
+        return eval(*e.args[0], scope).get_item(eval(*e.args[1], scope));
       case Expr::Kind::kSlice: {
         const Value obj = eval(*e.args[0], scope);
         auto part = [&](size_t i) { return e.args[i] ? eval(*e.args[i], scope) : Value(); };
@@ -217,7 +224,7 @@ class Renderer {
         const Value callee = eval(*e.args[0], scope);
         CallArgs a = args_of(e, scope, 1);
         if (!callee.is_callable()) {
-          const std::string what = e.args[0]->kind == Expr::Kind::kName ? "'" + e.args[0]->name + "'"
+          const std::string what = e.args[0]->kind == Expr::Kind::kName   ? "'" + e.args[0]->name + "'"
                                    : e.args[0]->kind == Expr::Kind::kAttr ? "the method '" + e.args[0]->name + "'"
                                                                           : std::string("a value");
           if (callee.is_undefined())
@@ -248,7 +255,8 @@ class Renderer {
         if (e.name == "+") return v.is_float() ? Value(v.as_double()) : Value(v.as_int());
         return v.is_float() ? Value(-v.as_double()) : Value(-v.as_int());
       }
-      case Expr::Kind::kBinary: return binary_op(e.name, eval(*e.args[0], scope), eval(*e.args[1], scope));
+      case Expr::Kind::kBinary:
+        return binary_op(e.name, eval(*e.args[0], scope), eval(*e.args[1], scope));
       case Expr::Kind::kCompare: {
         Value left = eval(*e.args[0], scope);
         for (size_t i = 0; i < e.ops.size(); ++i) {

@@ -70,15 +70,20 @@ Value Value::callable(std::string name, NativeFn fn) {
 
 Value Value::from_json(const nlohmann::ordered_json& j) {
   switch (j.type()) {
-    case nlohmann::ordered_json::value_t::null: return none();
-    case nlohmann::ordered_json::value_t::boolean: return Value(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer: return Value(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::null:
+      return none();
+    case nlohmann::ordered_json::value_t::boolean:
+      return Value(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer:
+      return Value(j.get<int64_t>());
     case nlohmann::ordered_json::value_t::number_unsigned: {
       const uint64_t u = j.get<uint64_t>();
       return u > static_cast<uint64_t>(INT64_MAX) ? Value(static_cast<double>(u)) : Value(static_cast<int64_t>(u));
     }
-    case nlohmann::ordered_json::value_t::number_float: return Value(j.get<double>());
-    case nlohmann::ordered_json::value_t::string: return Value(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::number_float:
+      return Value(j.get<double>());
+    case nlohmann::ordered_json::value_t::string:
+      return Value(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       List l;
       l.reserve(j.size());
@@ -91,31 +96,44 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
       for (auto it = j.begin(); it != j.end(); ++it) d.items.emplace_back(it.key(), from_json(it.value()));
       return dict(std::move(d));
     }
-    default: return none();
+    default:
+      return none();
   }
 }
 
 double Value::as_double() const {
   switch (kind_) {
-    case Kind::kFloat: return d_;
-    case Kind::kInt: return static_cast<double>(i_);
-    case Kind::kBool: return b_ ? 1.0 : 0.0;
-    default: return 0.0;
+    case Kind::kFloat:
+      return d_;
+    case Kind::kInt:
+      return static_cast<double>(i_);
+    case Kind::kBool:
+      return b_ ? 1.0 : 0.0;
+    default:
+      return 0.0;
   }
 }
 
 bool Value::truthy() const {
   switch (kind_) {
     case Kind::kUndefined:
-    case Kind::kNone: return false;
-    case Kind::kBool: return b_;
-    case Kind::kInt: return i_ != 0;
-    case Kind::kFloat: return d_ != 0.0;
-    case Kind::kString: return !s_.empty();
-    case Kind::kList: return !list_->empty();
-    case Kind::kDict: return !dict_->items.empty();
+    case Kind::kNone:
+      return false;
+    case Kind::kBool:
+      return b_;
+    case Kind::kInt:
+      return i_ != 0;
+    case Kind::kFloat:
+      return d_ != 0.0;
+    case Kind::kString:
+      return !s_.empty();
+    case Kind::kList:
+      return !list_->empty();
+    case Kind::kDict:
+      return !dict_->items.empty();
     case Kind::kNamespace:
-    case Kind::kCallable: return true;
+    case Kind::kCallable:
+      return true;
   }
   return false;
 }
@@ -176,10 +194,18 @@ std::string py_repr_string(const std::string& s) {
   std::string out(1, q);
   for (unsigned char c : s) {
     switch (c) {
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c == static_cast<unsigned char>(q)) {
           out += '\\';
@@ -201,13 +227,27 @@ void json_string(std::string& out, const std::string& s) {
   out += '"';
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           char b[8];
@@ -234,17 +274,28 @@ void json_value(std::string& out, const Value& v, const JsonStyle& st, int level
     out.append(static_cast<size_t>(st.indent) * static_cast<size_t>(lvl), ' ');
   };
   switch (v.kind()) {
-    case Value::Kind::kNone: out += "null"; return;
-    case Value::Kind::kBool: out += v.as_bool() ? "true" : "false"; return;
-    case Value::Kind::kInt: out += std::to_string(v.as_int()); return;
+    case Value::Kind::kNone:
+      out += "null";
+      return;
+    case Value::Kind::kBool:
+      out += v.as_bool() ? "true" : "false";
+      return;
+    case Value::Kind::kInt:
+      out += std::to_string(v.as_int());
+      return;
     case Value::Kind::kFloat: {
       const double d = v.as_double();
-      if (std::isnan(d)) out += "NaN";
-      else if (std::isinf(d)) out += d > 0 ? "Infinity" : "-Infinity";
-      else out += format_float(d);
+      if (std::isnan(d))
+        out += "NaN";
+      else if (std::isinf(d))
+        out += d > 0 ? "Infinity" : "-Infinity";
+      else
+        out += format_float(d);
       return;
     }
-    case Value::Kind::kString: json_string(out, v.str()); return;
+    case Value::Kind::kString:
+      json_string(out, v.str());
+      return;
     case Value::Kind::kList: {
       const List& l = v.items();
       if (l.empty()) {
@@ -284,8 +335,10 @@ void json_value(std::string& out, const Value& v, const JsonStyle& st, int level
       out += '}';
       return;
     }
-    case Value::Kind::kUndefined: throw Error("Object of type Undefined is not JSON serializable");
-    case Value::Kind::kCallable: throw Error("Object of type function is not JSON serializable");
+    case Value::Kind::kUndefined:
+      throw Error("Object of type Undefined is not JSON serializable");
+    case Value::Kind::kCallable:
+      throw Error("Object of type function is not JSON serializable");
   }
 }
 
@@ -293,20 +346,29 @@ void json_value(std::string& out, const Value& v, const JsonStyle& st, int level
 
 std::string Value::repr() const {
   switch (kind_) {
-    case Kind::kString: return py_repr_string(s_);
-    case Kind::kUndefined: return "";
-    default: return to_string();
+    case Kind::kString:
+      return py_repr_string(s_);
+    case Kind::kUndefined:
+      return "";
+    default:
+      return to_string();
   }
 }
 
 std::string Value::to_string() const {
   switch (kind_) {
-    case Kind::kUndefined: return "";
-    case Kind::kNone: return "None";
-    case Kind::kBool: return b_ ? "True" : "False";
-    case Kind::kInt: return std::to_string(i_);
-    case Kind::kFloat: return format_float(d_);
-    case Kind::kString: return s_;
+    case Kind::kUndefined:
+      return "";
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return b_ ? "True" : "False";
+    case Kind::kInt:
+      return std::to_string(i_);
+    case Kind::kFloat:
+      return format_float(d_);
+    case Kind::kString:
+      return s_;
     case Kind::kList: {
       std::string out = "[";
       for (size_t i = 0; i < list_->size(); ++i) {
@@ -323,8 +385,10 @@ std::string Value::to_string() const {
       }
       return out + "}";
     }
-    case Kind::kNamespace: return "<Namespace>";
-    case Kind::kCallable: return "<function " + fn_->name + ">";
+    case Kind::kNamespace:
+      return "<Namespace>";
+    case Kind::kCallable:
+      return "<function " + fn_->name + ">";
   }
   return "";
 }
@@ -349,8 +413,10 @@ bool Value::equals(const Value& o) const {
   if (kind_ != o.kind_) return false;
   switch (kind_) {
     case Kind::kUndefined:
-    case Kind::kNone: return true;
-    case Kind::kString: return s_ == o.s_;
+    case Kind::kNone:
+      return true;
+    case Kind::kString:
+      return s_ == o.s_;
     case Kind::kList: {
       if (list_->size() != o.list_->size()) return false;
       for (size_t i = 0; i < list_->size(); ++i)
@@ -365,24 +431,37 @@ bool Value::equals(const Value& o) const {
       }
       return true;
     }
-    case Kind::kNamespace: return dict_ == o.dict_;
-    case Kind::kCallable: return fn_ == o.fn_;
-    default: return false;
+    case Kind::kNamespace:
+      return dict_ == o.dict_;
+    case Kind::kCallable:
+      return fn_ == o.fn_;
+    default:
+      return false;
   }
 }
 
 std::string Value::type_name() const {
   switch (kind_) {
-    case Kind::kUndefined: return "undefined";
-    case Kind::kNone: return "NoneType";
-    case Kind::kBool: return "bool";
-    case Kind::kInt: return "int";
-    case Kind::kFloat: return "float";
-    case Kind::kString: return "str";
-    case Kind::kList: return "list";
-    case Kind::kDict: return "dict";
-    case Kind::kNamespace: return "Namespace";
-    case Kind::kCallable: return "function";
+    case Kind::kUndefined:
+      return "undefined";
+    case Kind::kNone:
+      return "NoneType";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "str";
+    case Kind::kList:
+      return "list";
+    case Kind::kDict:
+      return "dict";
+    case Kind::kNamespace:
+      return "Namespace";
+    case Kind::kCallable:
+      return "function";
   }
   return "object";
 }
@@ -401,7 +480,8 @@ Value Value::get_attr(const std::string& name) const {
       if (const Value* v = dict_->find(name)) return *v;
       return undefined(name);
     }
-    default: return bound_method(*this, name);
+    default:
+      return bound_method(*this, name);
   }
 }
 
@@ -438,7 +518,8 @@ Value Value::get_item(const Value& key) const {
       }
       break;
     }
-    default: break;
+    default:
+      break;
   }
   if (key.is_string() && kind_ != Kind::kNamespace) return get_attr(key.str());
   return undefined(key.to_string());

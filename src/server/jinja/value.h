@@ -13,11 +13,10 @@
 // jinja::Error (caught by Template, never outside this folder).
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
 #include <string>
