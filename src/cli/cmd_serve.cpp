@@ -36,6 +36,7 @@
 #include "pd/pd_config.h"
 #include "pd/siesta_connector.h"
 #include "server/api_server.h"
+#include "server/chat_template.h"
 
 namespace siesta::cli {
 namespace {
@@ -81,6 +82,9 @@ Result<void> apply_chat_flags(ServeFlags& f) {
 Result<void> run_serve(ServeFlags& f) {
   SIESTA_TRY(f.device.apply(f.engine));
   SIESTA_TRY(apply_chat_flags(f));
+  // A chat template that cannot be used fails before the model loads.
+  if (auto t = server::ChatTemplate::load(f.engine.model_dir, f.server.chat_template); !t)
+    return t.error().with_context("the chat template cannot be used");
   if (f.max_model_len > 0) f.engine.max_model_len = static_cast<int32_t>(f.max_model_len);
   if (f.num_kv_blocks > 0) f.engine.num_kv_blocks = static_cast<int32_t>(f.num_kv_blocks);
   if (f.seed >= 0) f.engine.seed = static_cast<uint64_t>(f.seed);

@@ -266,8 +266,8 @@ finally:
 def bad_flags_are_refused_at_startup():
     for flags, needle in ((["--tool-call-parser", "mistral"], "hermes"), (["--enable-auto-tool-choice"], "--tool-call-parser"),
                           (["--reasoning-parser", "deepseek_r1"], "qwen3"), (["--chat-template", "/no/such/file"], "no such file")):
-        r = subprocess.run([SIESTA, "serve", "--model", MODEL, "--port", "0", *flags], capture_output=True, text=True,
-                           timeout=60)
+        r = subprocess.run([SIESTA, "serve", "--model", MODEL, "--port", "0", "--kv-cache-memory-bytes", "64M", *flags],
+                           capture_output=True, text=True, timeout=60)
         assert r.returncode == 1 and needle in r.stderr, (flags, r.returncode, r.stderr)
 
 
