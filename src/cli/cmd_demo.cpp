@@ -426,7 +426,7 @@ SleepStep sleep_while_serving(const std::string& name, const std::string& engine
     clients.emplace_back([&, i] { texts[i] = stream_text(requests[i], proxy, timeout); });
   // Let the requests reach the engines (prefill, transfer, decode) before the sleep.
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  auto slept = admin_post(engine, "/sleep?level=1&mode=keep", timeout);
+  auto slept = admin_post(engine, "/sleep?level=1&mode=keep&verbose=true", timeout);
   if (slept) {
     const json& call = (*slept)["call"];
     step.released_bytes = sum_bytes(call["released_bytes"]);
@@ -439,7 +439,7 @@ SleepStep sleep_while_serving(const std::string& name, const std::string& engine
       step.device_freed_bytes = *free_asleep - *free_awake;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // asleep while requests wait
   }
-  auto woken = admin_post(engine, "/wake_up", timeout);
+  auto woken = admin_post(engine, "/wake_up?verbose=true", timeout);
   if (woken) step.wake_ms = (*woken)["call"].value("seconds", 0.0) * 1e3;
   for (std::thread& t : clients) t.join();
   for (size_t i = 0; i < requests.size(); ++i) {

@@ -5,6 +5,14 @@
 //              [--enable-sleep-mode] [--max-held-requests N]
 //              [--device cpu|cuda] [--gpu-memory-utilization F] [--batch-invariant]
 //              [--kv-transfer-config JSON]
+//              [--chat-template FILE|TEMPLATE] [--enable-auto-tool-choice] [--tool-call-parser hermes]
+//              [--reasoning-parser qwen3] [--trust-request-chat-template]
+//              [--exclude-tools-when-tool-choice-none] [--default-chat-template-kwargs JSON]
+//              [--metrics-require-key] [--vllm-metric-names]
+//
+// The chat and metrics flags are vLLM's (docs/vllm-compatibility.md); the API
+// key comes from --api-key, else the VLLM_API_KEY environment variable, as
+// in vLLM.
 //
 // --kv-transfer-config (vLLM's shape, src/pd/pd_config.h) makes the engine a
 // P/D prefill (kv_producer), decode (kv_consumer) or both (kv_both) instance
@@ -18,6 +26,7 @@
 #include <signal.h>
 
 #include <cctype>
+#include <cstdlib>
 #include <iostream>
 #include <thread>
 
@@ -27,6 +36,7 @@
 #include "pd/pd_config.h"
 #include "pd/siesta_connector.h"
 #include "server/api_server.h"
+#include "server/chat_template.h"
 
 namespace siesta::cli {
 namespace {
@@ -40,10 +50,41 @@ struct ServeFlags {
   int64_t seed = -1;
   bool no_prefix_caching = false;
   std::string kv_transfer_config;
+  std::string default_chat_template_kwargs;
 };
+
+Result<void> apply_chat_flags(ServeFlags& f) {
+  server::ChatConfig& c = f.server.chat;
+  if (!c.tool_call_parser.empty() && c.tool_call_parser != "hermes")
+    return invalid_argument("--tool-call-parser " + c.tool_call_parser +
+                            ": this server parses Qwen's <tool_call> JSON format only; use --tool-call-parser hermes");
+  if (c.enable_auto_tool_choice && c.tool_call_parser.empty())
+    return invalid_argument("--enable-auto-tool-choice needs --tool-call-parser (hermes for Qwen models)");
+  if (!c.reasoning_parser.empty() && c.reasoning_parser != "qwen3")
+    return invalid_argument("--reasoning-parser " + c.reasoning_parser +
+                            ": this server implements the qwen3 reasoning parser only; use --reasoning-parser qwen3");
+  if (!f.default_chat_template_kwargs.empty()) {
+    c.default_chat_template_kwargs =
+        nlohmann::ordered_json::parse(f.default_chat_template_kwargs, nullptr, /*allow_exceptions=*/false);
+    if (!c.default_chat_template_kwargs.is_object())
+      return invalid_argument("--default-chat-template-kwargs must be a JSON object, got " +
+                              f.default_chat_template_kwargs);
+  }
+  if (f.server.api_key.empty())
+    if (const char* env = std::getenv("VLLM_API_KEY"); env && *env) f.server.api_key = env;
+  f.server.server_info = {{"api_key_required", !f.server.api_key.empty()},
+                          {"metrics_require_key", f.server.metrics_require_key},
+                          {"vllm_metric_names", f.server.vllm_metric_names},
+                          {"kv_transfer_config", f.kv_transfer_config}};
+  return {};
+}
 
 Result<void> run_serve(ServeFlags& f) {
   SIESTA_TRY(f.device.apply(f.engine));
+  SIESTA_TRY(apply_chat_flags(f));
+  // A chat template that cannot be used fails before the model loads.
+  if (auto t = server::ChatTemplate::load(f.engine.model_dir, f.server.chat_template); !t)
+    return t.error().with_context("the chat template cannot be used");
   if (f.max_model_len > 0) f.engine.max_model_len = static_cast<int32_t>(f.max_model_len);
   if (f.num_kv_blocks > 0) f.engine.num_kv_blocks = static_cast<int32_t>(f.num_kv_blocks);
   if (f.seed >= 0) f.engine.seed = static_cast<uint64_t>(f.seed);
@@ -99,7 +140,27 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--port", f->server.port, "Port to listen on (0: any free port)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
-  cmd->add_option("--api-key", f->server.api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
+  cmd->add_option("--api-key", f->server.api_key,
+                  "Require 'Authorization: Bearer KEY' on every route but /health, /ping, /version, /metrics and "
+                  "/kv_transfer_info (default: $VLLM_API_KEY)");
+  cmd->add_flag("--metrics-require-key", f->server.metrics_require_key, "/metrics needs the API key too");
+  cmd->add_flag("--vllm-metric-names", f->server.vllm_metric_names,
+                "/metrics adds vllm:-named copies of the metrics vLLM's dashboards chart");
+  cmd->add_option("--chat-template", f->server.chat_template,
+                  "Chat template: a Jinja file, or the template itself (default: the model's tokenizer_config.json)");
+  cmd->add_flag("--enable-auto-tool-choice", f->server.chat.enable_auto_tool_choice,
+                "tool_choice \"auto\": parse the model's tool calls into tool_calls");
+  cmd->add_option("--tool-call-parser", f->server.chat.tool_call_parser,
+                  "How tool calls are read from the output: hermes (Qwen's <tool_call> JSON)");
+  cmd->add_option("--reasoning-parser", f->server.chat.reasoning_parser,
+                  "Split reasoning_content from the answer: qwen3 (<think>...</think>)");
+  cmd->add_flag("--trust-request-chat-template", f->server.chat.trust_request_chat_template,
+                "Accept a request's own chat_template");
+  cmd->add_flag("--exclude-tools-when-tool-choice-none", f->server.chat.exclude_tools_when_tool_choice_none,
+                "tool_choice \"none\" leaves the tools out of the prompt");
+  cmd->add_option(
+      "--default-chat-template-kwargs", f->default_chat_template_kwargs,
+      "JSON object of chat_template_kwargs every chat request starts from, e.g. '{\"enable_thinking\": false}'");
   cmd->add_option("--served-model-name", f->server.served_model_name, "Model name in the API (default: --model)");
   cmd->add_option("--max-model-len", f->max_model_len,
                   "Prompt + output tokens per request (default: the model's max_position_embeddings, "

@@ -8,7 +8,7 @@
 // post_events reads a server-sent-event stream: on_data gets the payload of
 // every `data:` line as it arrives (return false to stop reading). Every
 // call is bounded by the timeout given at creation (connect, and each read
-// or write). One instance per thread.
+// or write). Connections set TCP_NODELAY. One instance per thread.
 #pragma once
 
 #include <chrono>
@@ -32,7 +32,7 @@ struct HttpReply {
 
 class HttpClient {
  public:
-  // base_url: "http://HOST:PORT". api_key: sent as a bearer token when not empty.
+  // base_url: "http://HOST:PORT" (or https). api_key: sent as a bearer token when not empty.
   static Result<HttpClient> create(const std::string& base_url, std::chrono::seconds timeout,
                                    const std::string& api_key = {});
   HttpClient(HttpClient&&) noexcept;

@@ -199,10 +199,18 @@ Result<void> Engine::validate(const EngineRequest& r) const {
                               ", outside the vocabulary [0, " + num(limits_.vocab_size) + ")");
   }
   if (auto ok = r.params.validate(); !ok) return ok.error();
+  const std::string vocab = " is outside the vocabulary [0, " + num(limits_.vocab_size) + ")";
   for (int32_t t : r.params.stop_token_ids)
-    if (t >= limits_.vocab_size)
-      return invalid_argument("stop_token_ids: " + num(t) + " is outside the vocabulary [0, " +
-                              num(limits_.vocab_size) + ")");
+    if (t >= limits_.vocab_size) return invalid_argument("stop_token_ids: " + num(t) + vocab);
+  for (const auto& [t, bias] : r.params.logit_bias)
+    if (t >= limits_.vocab_size) return invalid_argument("logit_bias: token id " + num(t) + vocab);
+  for (int32_t t : r.params.allowed_token_ids)
+    if (t >= limits_.vocab_size) return invalid_argument("allowed_token_ids: " + num(t) + vocab);
+  for (const std::vector<int32_t>& word : r.params.bad_words_token_ids)
+    for (int32_t t : word)
+      if (t >= limits_.vocab_size) return invalid_argument("bad_words: token id " + num(t) + vocab);
+  for (int32_t t : r.params.forced_tokens)
+    if (t >= limits_.vocab_size) return invalid_argument("forced token " + num(t) + vocab);
   return {};
 }
 
@@ -1022,7 +1030,8 @@ std::optional<RequestOutput> Engine::continue_from_remote_logits(const FinishedL
   }
   // The first token, sampled as a colocated engine samples it after its own
   // prefill: the same logits, parameters and step.
-  const SampledToken first = sampler_.sample(*f.first_logits, req->params, 0);
+  const SampledToken first =
+      sampler_.sample(*f.first_logits, req->params, 0, TokenHistory{req->tokens, {}});
   auto out = scheduler_->finish_remote_kv_sampled(f.id, first);
   if (!out) {
     SIESTA_LOG_WARN("engine: remote KV for {}: {}", f.id, out.error().message);

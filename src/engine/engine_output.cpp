@@ -47,6 +47,8 @@ void OutputProcessor::process(const std::vector<RequestOutput>& outputs, Schedul
     Live& live = it->second;
     const SamplingParams& params = live.request.params;
     RequestDelta delta;
+    if (params.prompt_logprobs && live.num_output_tokens == 0 && !out.new_tokens.empty())
+      delta.prompt_logprobs = out.prompt_logprobs;
     for (size_t t = 0; t < out.new_tokens.size(); ++t) {
       const SampledToken& token = out.new_tokens[t];
       delta.token_ids.push_back(token.token);

@@ -18,6 +18,7 @@ void RequestDelta::append(RequestDelta&& later) {
   token_ids.insert(token_ids.end(), later.token_ids.begin(), later.token_ids.end());
   logprobs.insert(logprobs.end(), std::make_move_iterator(later.logprobs.begin()),
                   std::make_move_iterator(later.logprobs.end()));
+  if (later.prompt_logprobs) prompt_logprobs = std::move(later.prompt_logprobs);
   if (later.finish) finish = std::move(later.finish);
 }
 

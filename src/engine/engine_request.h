@@ -67,9 +67,12 @@ struct RequestDelta {
   std::string text;
   std::vector<int32_t> token_ids;
   std::vector<TokenLogprobs> logprobs;   // one per token id when SamplingParams::logprobs is set
+  // SamplingParams::prompt_logprobs: with the first token, one entry per
+  // prompt token after the first.
+  std::optional<std::vector<TokenLogprobs>> prompt_logprobs;
   std::optional<RequestFinish> finish;   // the last delta of the request
 
-  bool empty() const { return text.empty() && token_ids.empty() && !finish; }
+  bool empty() const { return text.empty() && token_ids.empty() && !finish && !prompt_logprobs; }
   // Appends a later delta to this one.
   void append(RequestDelta&& later);
 };

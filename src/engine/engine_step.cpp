@@ -5,27 +5,53 @@
 namespace siesta {
 namespace {
 
+TokenHistory history_of(const ScheduledSequence& seq) { return TokenHistory{seq.prompt_tokens, seq.output_tokens}; }
+
+// A scored prompt chunk: the log-probability of each prompt token that one of
+// its rows predicts (the row of position p predicts token p + 1).
+std::vector<TokenLogprobs> score_prompt(const ScheduledSequence& seq, const ForwardOutput& logits, size_t i) {
+  std::vector<TokenLogprobs> out;
+  const size_t rows = logits.num_rows[i];
+  const size_t prompt_len = seq.prompt_tokens.size();
+  for (size_t r = 0; r < rows; ++r) {
+    const size_t target = static_cast<size_t>(seq.start_pos) + r + 1;
+    if (target >= prompt_len) break;
+    out.push_back(compute_logprobs(logits.row(i, r), seq.prompt_tokens[target], *seq.params->prompt_logprobs));
+  }
+  return out;
+}
+
+struct HostStep {
+  std::vector<SampledToken> sampled;
+  std::vector<std::vector<TokenLogprobs>> prompt_logprobs;  // empty, or one per sequence
+};
+
 // The host path: every sequence's row of logits comes back and the engine
 // sampler picks from it.
-Result<std::vector<SampledToken>> forward_and_sample(const SchedulerOutput& out, Model& model, const KvCacheView& kv,
-                                                     Sampler& sampler, ForwardOutput& logits) {
+Result<HostStep> forward_and_sample(const SchedulerOutput& out, Model& model, const KvCacheView& kv,
+                                    Sampler& sampler, ForwardOutput& logits) {
   SIESTA_TRY(model.forward(out.chunks, kv, logits));
-  std::vector<SampledToken> sampled;
+  HostStep step;
+  std::vector<SampledToken>& sampled = step.sampled;
   sampled.reserve(out.num_samples());
   for (size_t i = 0; i < out.sequences.size(); ++i) {
     const ScheduledSequence& seq = out.sequences[i];
+    if (seq.prompt_logprobs) {
+      step.prompt_logprobs.resize(out.sequences.size());
+      step.prompt_logprobs[i] = score_prompt(seq, logits, i);
+    }
     if (!seq.sample) continue;
     const std::span<const float> row = logits.last(i);
-    sampled.push_back(sampler.sample(row, *seq.params, seq.sample_step));
+    sampled.push_back(sampler.sample(row, *seq.params, seq.sample_step, history_of(seq)));
     if (seq.keep_logits) sampled.back().logits = std::make_shared<const std::vector<float>>(row.begin(), row.end());
   }
-  return sampled;
+  return step;
 }
 
 // The device path (Model::forward_choose): only tokens come back. nullopt
-// when a sequence of the step needs its logits here (log-probabilities, a
-// producer's kept row, more banned ids than the device takes); no draw has
-// been taken then.
+// when a sequence of the step needs its logits here (log-probabilities of
+// its output or its prompt, a producer's kept row, adjusted logits, more
+// banned ids than the device takes); no draw has been taken then.
 Result<std::optional<std::vector<SampledToken>>> forward_and_choose(const SchedulerOutput& out, Model& model,
                                                                     const KvCacheView& kv, Sampler& sampler,
                                                                     ForwardOutput& logits) {
@@ -35,9 +61,10 @@ Result<std::optional<std::vector<SampledToken>>> forward_and_choose(const Schedu
   std::vector<TokenChoice> choices(n);  // greedy for sequences that do not sample this step
   for (size_t i = 0; i < n; ++i) {
     const ScheduledSequence& seq = out.sequences[i];
+    if (seq.prompt_logprobs) return Chosen();
     if (!seq.sample) continue;
     if (seq.keep_logits) return Chosen();
-    auto c = sampler.device_choice(*seq.params, seq.sample_step, 0.0, banned[i]);
+    auto c = sampler.device_choice(*seq.params, seq.sample_step, 0.0, banned[i], history_of(seq));
     if (!c) return Chosen();
     choices[i] = *c;
   }
@@ -61,7 +88,7 @@ Result<std::optional<std::vector<SampledToken>>> forward_and_choose(const Schedu
     const ScheduledSequence& seq = out.sequences[i];
     if (!seq.sample) continue;
     if (tokens[i] == kChooseOnHost) {
-      sampled.push_back(sampler.sample_drawn(logits.last(i), *seq.params, seq.sample_step, draws[i]));
+      sampled.push_back(sampler.sample_drawn(logits.last(i), *seq.params, seq.sample_step, draws[i], history_of(seq)));
     } else {
       SampledToken t;
       t.token = tokens[i];
@@ -81,10 +108,9 @@ Result<std::vector<RequestOutput>> run_step(Scheduler& scheduler, Model& model, 
   if (choose_on_device && model.chooses_tokens()) {
     SIESTA_ASSIGN_OR_RETURN(sampled, forward_and_choose(out, model, kv, sampler, logits));
   }
-  if (!sampled) {
-    SIESTA_ASSIGN_OR_RETURN(sampled, forward_and_sample(out, model, kv, sampler, logits));
-  }
-  return scheduler.update(out, *sampled);
+  if (sampled) return scheduler.update(out, *sampled);
+  SIESTA_ASSIGN_OR_RETURN(HostStep host, forward_and_sample(out, model, kv, sampler, logits));
+  return scheduler.update(out, host.sampled, host.prompt_logprobs);
 }
 
 }  // namespace siesta

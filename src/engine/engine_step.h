@@ -12,7 +12,10 @@
 // model) picks them there with the sampler's settings and draws, and only
 // the tokens come back, unless choose_on_device is false or a sequence of
 // the step needs its logits here (log-probabilities, a P/D producer's first
-// token); the tokens are the host sampler's either way.
+// token, penalties, logit_bias, allowed or bad tokens, a forced token, a
+// scored prompt); the tokens are the host sampler's either way. A scored
+// prompt (SamplingParams::prompt_logprobs) takes all its chunk's rows and
+// hands their log-probabilities to Scheduler::update.
 //
 // An empty result means nothing was scheduled (all waiting for blocks or for
 // remote KV). If forward fails, no request advances (computed tokens move only

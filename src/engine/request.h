@@ -15,6 +15,7 @@
 #include "engine/block_hash.h"
 #include "engine/block_pool.h"
 #include "engine/request_state.h"
+#include "engine/sampled_token.h"
 #include "engine/sampling_params.h"
 
 namespace siesta {
@@ -56,6 +57,10 @@ struct Request {
   int32_t num_preemptions = 0;
   std::optional<int32_t> stop_token;  // the stop token id that ended it (eos excluded, as vLLM)
 
+  // params.prompt_logprobs: the log-probabilities of prompt tokens 1, 2, ...
+  // as far as computed (entry k is position k + 1; kept across preemption).
+  std::vector<TokenLogprobs> prompt_logprobs;
+
   std::vector<BlockId> block_table;      // covers [0, num_computed_tokens + tokens scheduled now)
   std::vector<BlockHash> block_hashes;   // one per full block of `tokens`
   int32_t num_published_blocks = 0;      // leading blocks already in the prefix cache
@@ -66,6 +71,10 @@ struct Request {
     return std::span<const int32_t>(tokens).subspan(num_prompt_tokens);
   }
   bool finished() const { return is_finished(state); }
+  // Prompt positions whose log-probabilities are still to compute.
+  bool needs_prompt_logprobs() const {
+    return params.prompt_logprobs && static_cast<int32_t>(prompt_logprobs.size()) + 1 < num_prompt_tokens;
+  }
 
   // The one way to change `state`.
   Result<void> apply(RequestEvent event) {

@@ -22,6 +22,9 @@ struct RequestOutput {
   // Finished with hold_blocks_for_remote_reader: the blocks kept for the
   // reader under send_hold_owner(request_id).
   std::vector<BlockId> held_blocks;
+  // With the first generated token of a request with prompt_logprobs: one
+  // entry per prompt token after the first.
+  std::vector<TokenLogprobs> prompt_logprobs;
 
   bool finished() const { return is_finished(state); }
 };

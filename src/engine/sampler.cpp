@@ -58,11 +58,71 @@ bool masks_stop_tokens(const SamplingParams& p, uint64_t step) {
   return step < static_cast<uint64_t>(std::max(p.min_tokens, 0));
 }
 
+// allowed_token_ids, bad_words, min_tokens, logit_bias, penalties: vLLM's
+// order. work[i].token == i throughout.
+void adjust_logits(std::vector<Candidate>& work, const SamplingParams& p, uint64_t step, std::span<const int32_t> eos,
+                   const TokenHistory& h, Sampler::Scratch& scratch) {
+  const auto vocab = static_cast<int32_t>(work.size());
+  auto in_vocab = [vocab](int32_t id) { return id >= 0 && id < vocab; };
+  if (!p.allowed_token_ids.empty()) {
+    // Everything else to -inf: mark the allowed ones, then sweep.
+    scratch.seen.resize(work.size(), 0);
+    for (int32_t id : p.allowed_token_ids)
+      if (in_vocab(id)) scratch.seen[id] = 1;
+    for (size_t i = 0; i < work.size(); ++i) {
+      if (!scratch.seen[i]) work[i].score = kNegInf;
+      scratch.seen[i] = 0;
+    }
+  }
+  for (const std::vector<int32_t>& word : p.bad_words_token_ids) {
+    if (word.empty() || word.size() > h.output.size() + 1) continue;
+    const size_t prefix = word.size() - 1;
+    if (std::equal(word.begin(), word.begin() + static_cast<std::ptrdiff_t>(prefix),
+                   h.output.end() - static_cast<std::ptrdiff_t>(prefix)) &&
+        in_vocab(word.back()))
+      work[word.back()].score = kNegInf;
+  }
+  if (masks_stop_tokens(p, step)) mask_stop_tokens(work, p, eos);
+  for (const auto& [id, bias] : p.logit_bias)
+    if (in_vocab(id)) work[id].score += bias;
+
+  if (p.repetition_penalty != 1.0) {
+    scratch.seen.resize(work.size(), 0);
+    const double inv = 1.0 / p.repetition_penalty;
+    auto penalise = [&](std::span<const int32_t> ids) {
+      for (int32_t id : ids) {
+        if (!in_vocab(id) || scratch.seen[id]) continue;
+        scratch.seen[id] = 1;
+        double& s = work[id].score;
+        s = s > 0 ? s * inv : s * p.repetition_penalty;
+      }
+    };
+    penalise(h.prompt);
+    penalise(h.output);
+    for (int32_t id : h.prompt)
+      if (in_vocab(id)) scratch.seen[id] = 0;
+    for (int32_t id : h.output)
+      if (in_vocab(id)) scratch.seen[id] = 0;
+  }
+  if (p.frequency_penalty != 0.0 || p.presence_penalty != 0.0) {
+    scratch.counts.resize(work.size(), 0);
+    for (int32_t id : h.output)
+      if (in_vocab(id)) ++scratch.counts[id];
+    for (int32_t id : h.output) {
+      if (!in_vocab(id) || scratch.counts[id] == 0) continue;
+      work[id].score -= p.frequency_penalty * scratch.counts[id] + p.presence_penalty;
+      scratch.counts[id] = 0;  // each distinct token once
+    }
+  }
+}
+
 int32_t sample_token(std::span<const float> logits, const SamplingParams& p, uint64_t step, double u,
-                     std::span<const int32_t> eos, std::vector<Candidate>& work) {
+                     std::span<const int32_t> eos, const TokenHistory& history, Sampler::Scratch& scratch) {
+  if (const std::optional<int32_t> forced = forced_token(p, step, history)) return *forced;
+  std::vector<Candidate>& work = scratch.work;
   work.resize(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) work[i] = {clean(logits[i]), static_cast<int32_t>(i)};
-  if (masks_stop_tokens(p, step)) mask_stop_tokens(work, p, eos);
+  adjust_logits(work, p, step, eos, history, scratch);
 
   const bool greedy = p.greedy();
   const int32_t best = argmax(work);
@@ -130,23 +190,27 @@ int32_t sample_token(std::span<const float> logits, const SamplingParams& p, uin
 Sampler::Sampler(std::vector<int32_t> eos_token_ids, RandomGenerator unseeded)
     : eos_token_ids_(std::move(eos_token_ids)), unseeded_(unseeded) {}
 
-SampledToken Sampler::sample(std::span<const float> logits, const SamplingParams& params, uint64_t step) {
-  return sample_drawn(logits, params, step, draw(params, step));
+SampledToken Sampler::sample(std::span<const float> logits, const SamplingParams& params, uint64_t step,
+                             const TokenHistory& history) {
+  return sample_drawn(logits, params, step, draw(params, step), history);
 }
 
 double Sampler::draw(const SamplingParams& params, uint64_t step) { return draw_for(params, step, unseeded_); }
 
 SampledToken Sampler::sample_drawn(std::span<const float> logits, const SamplingParams& params, uint64_t step,
-                                   double u) {
+                                   double u, const TokenHistory& history) {
   SampledToken out;
-  out.token = sample_token(logits, params, step, u, eos_token_ids_, work_);
+  out.token = sample_token(logits, params, step, u, eos_token_ids_, history, scratch_);
   if (params.logprobs) out.logprobs = compute_logprobs(logits, out.token, *params.logprobs);
   return out;
 }
 
 std::optional<TokenChoice> Sampler::device_choice(const SamplingParams& params, uint64_t step, double u,
-                                                  std::vector<int32_t>& banned) const {
+                                                  std::vector<int32_t>& banned, const TokenHistory& history) const {
   if (params.logprobs) return std::nullopt;  // log-probabilities need the logits here
+  // Penalties, bias, allowed and bad tokens adjust the row here; a forced
+  // token needs no device at all, but the host path gives it the same way.
+  if (params.adjusts_logits() || forced_token(params, step, history)) return std::nullopt;
   banned.clear();
   if (masks_stop_tokens(params, step)) {
     banned.assign(params.stop_token_ids.begin(), params.stop_token_ids.end());
@@ -166,9 +230,21 @@ std::optional<TokenChoice> Sampler::device_choice(const SamplingParams& params, 
 }
 
 int32_t sample(std::span<const float> logits, const SamplingParams& params, uint64_t step,
-               RandomGenerator& unseeded, std::span<const int32_t> eos_token_ids) {
-  std::vector<Candidate> work;
-  return sample_token(logits, params, step, draw_for(params, step, unseeded), eos_token_ids, work);
+               RandomGenerator& unseeded, std::span<const int32_t> eos_token_ids, const TokenHistory& history) {
+  Sampler::Scratch scratch;
+  return sample_token(logits, params, step, draw_for(params, step, unseeded), eos_token_ids, history, scratch);
+}
+
+std::optional<int32_t> forced_token(const SamplingParams& p, uint64_t step, const TokenHistory& h) {
+  if (p.forced_tokens.empty()) return std::nullopt;
+  uint64_t start = 0;
+  if (p.force_after_token) {
+    const auto it = std::find(h.output.begin(), h.output.end(), *p.force_after_token);
+    if (it == h.output.end()) return std::nullopt;
+    start = static_cast<uint64_t>(it - h.output.begin()) + 1;
+  }
+  if (step < start || step - start >= p.forced_tokens.size()) return std::nullopt;
+  return p.forced_tokens[step - start];
 }
 
 TokenLogprobs compute_logprobs(std::span<const float> logits, int32_t chosen, int32_t n) {

@@ -34,6 +34,35 @@ Result<void> SamplingParams::validate() const {
     if (s.empty()) return invalid_argument("stop strings must not be empty");
   if (logprobs && (*logprobs < 0 || *logprobs > kMaxLogprobs))
     return invalid_argument("logprobs must be in [0, " + str(kMaxLogprobs) + "], got " + str(*logprobs));
+  if (prompt_logprobs && (*prompt_logprobs < 0 || *prompt_logprobs > kMaxLogprobs))
+    return invalid_argument("prompt_logprobs must be in [0, " + str(kMaxLogprobs) + "], got " + str(*prompt_logprobs));
+  if (!(presence_penalty >= -2.0 && presence_penalty <= 2.0))
+    return invalid_argument("presence_penalty must be in [-2, 2], got " + str(presence_penalty));
+  if (!(frequency_penalty >= -2.0 && frequency_penalty <= 2.0))
+    return invalid_argument("frequency_penalty must be in [-2, 2], got " + str(frequency_penalty));
+  if (!(repetition_penalty > 0.0) || std::isinf(repetition_penalty))
+    return invalid_argument("repetition_penalty must be a finite number > 0, got " + str(repetition_penalty));
+  for (size_t i = 0; i < logit_bias.size(); ++i) {
+    const auto& [id, bias] = logit_bias[i];
+    if (id < 0) return invalid_argument("logit_bias: token id " + str(id) + " is negative");
+    if (i > 0 && logit_bias[i - 1].first >= id)
+      return invalid_argument("logit_bias: token ids must be ascending and distinct");
+    if (!(bias >= -100.0 && bias <= 100.0))
+      return invalid_argument("logit_bias: the bias of token " + str(id) + " must be in [-100, 100], got " + str(bias));
+  }
+  for (size_t i = 0; i < allowed_token_ids.size(); ++i) {
+    if (allowed_token_ids[i] < 0)
+      return invalid_argument("allowed_token_ids: " + str(allowed_token_ids[i]) + " is negative");
+    if (i > 0 && allowed_token_ids[i - 1] >= allowed_token_ids[i])
+      return invalid_argument("allowed_token_ids must be ascending and distinct");
+  }
+  for (const std::vector<int32_t>& word : bad_words_token_ids) {
+    if (word.empty()) return invalid_argument("bad_words: a bad word has no tokens");
+    for (int32_t id : word)
+      if (id < 0) return invalid_argument("bad_words: token id " + str(id) + " is negative");
+  }
+  for (int32_t id : forced_tokens)
+    if (id < 0) return invalid_argument("forced tokens must be token ids >= 0, got " + str(id));
   return {};
 }
 

@@ -7,13 +7,17 @@
 //   p.seed = 42;                       // reproducible whatever else is batched
 //   if (auto ok = p.validate(); !ok) return ok.error();   // one line naming the field
 //
-// Filters apply in vLLM's order: temperature, then min-p, then top-k, then
-// top-p over what is left. Logprobs are always those of the raw logits.
+// The logits are adjusted first, in vLLM's order: allowed_token_ids, then
+// bad_words, then min_tokens, then logit_bias, then the repetition,
+// frequency and presence penalties. Then the filters, in vLLM's order:
+// temperature, then min-p, then top-k, then top-p over what is left.
+// Logprobs are always those of the raw logits (vLLM's raw_logprobs).
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -44,8 +48,40 @@ struct SamplingParams {
   // Top-n log-probabilities per generated token (0..20), plus the chosen
   // token's; unset = none.
   std::optional<int32_t> logprobs;
+  // Top-n log-probabilities of every prompt token after the first (0..20),
+  // plus the prompt token's own; unset = none. Such a request never reads the
+  // prefix cache (as in vLLM: every prompt position needs its logits).
+  std::optional<int32_t> prompt_logprobs;
+
+  // Penalties, as vLLM (and OpenAI) define them. presence and frequency
+  // count the generated tokens only: logit -= frequency * count + presence *
+  // (count > 0). repetition counts prompt and generated tokens: a token seen
+  // in either has a positive logit multiplied by 1/repetition and a negative
+  // one by repetition.
+  double presence_penalty = 0.0;    // [-2, 2]; 0 = off
+  double frequency_penalty = 0.0;   // [-2, 2]; 0 = off
+  double repetition_penalty = 1.0;  // > 0; 1 = off
+  // Added to the token's logit (token id, bias in [-100, 100]); ascending ids, each once.
+  std::vector<std::pair<int32_t, double>> logit_bias;
+  // Only these tokens may be chosen (ascending, each once); empty = any.
+  std::vector<int32_t> allowed_token_ids;
+  // Token sequences that may not be generated: the last token of one is
+  // banned when the generated tokens end with the others (vLLM's bad_words,
+  // tokenized by the server).
+  std::vector<std::vector<int32_t>> bad_words_token_ids;
+  // Tokens emitted as they are instead of sampled, starting at the first
+  // generated token, or right after the first generated `force_after_token`
+  // when that is set (a tool call forced after the model's reasoning ends).
+  std::vector<int32_t> forced_tokens;
+  std::optional<int32_t> force_after_token;
 
   bool greedy() const { return temperature < kGreedyTemperature; }
+  // Something adjusts the logits before the filters (penalties, bias,
+  // allowed or bad tokens): the device samplers leave such rows to the host.
+  bool adjusts_logits() const {
+    return presence_penalty != 0.0 || frequency_penalty != 0.0 || repetition_penalty != 1.0 || !logit_bias.empty() ||
+           !allowed_token_ids.empty() || !bad_words_token_ids.empty();
+  }
 
   // Checks every range; the message names the field, the rule and the value.
   Result<void> validate() const;

@@ -9,7 +9,9 @@ namespace {
 
 std::string num(int64_t v) { return std::to_string(v); }
 
-bool contains(const std::vector<int32_t>& ids, int32_t id) { return std::find(ids.begin(), ids.end(), id) != ids.end(); }
+bool contains(const std::vector<int32_t>& ids, int32_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
 
 }  // namespace
 
@@ -69,13 +71,26 @@ const Request* Scheduler::find(const RequestId& id) const {
   return it == requests_.end() ? nullptr : it->second.get();
 }
 
+int32_t Scheduler::chunk_tokens(const Request& req, int32_t budget) const {
+  int32_t n = std::min(req.num_tokens() - req.num_computed_tokens, budget);
+  if (req.needs_prompt_logprobs() && req.num_computed_tokens < req.num_prompt_tokens)
+    n = std::min(n, std::max(options_.max_prompt_logprob_tokens, 1));
+  return n;
+}
+
+CachedPrefix Scheduler::cached_prefix(Request& req) const {
+  // Every prompt position of a scored prompt needs its logits: no cache reads.
+  if (req.params.prompt_logprobs) return CachedPrefix{};
+  return allocator_.find_cached_prefix(req);
+}
+
 void Scheduler::add_to_batch(SchedulerOutput& out, Request& req, int32_t n) {
   const int32_t start = req.num_computed_tokens;
   SequenceChunk chunk;
   chunk.tokens = std::span<const int32_t>(req.tokens).subspan(start, n);
   chunk.start_pos = start;
   chunk.block_table = req.block_table;
-  chunk.all_logits = false;
+  chunk.all_logits = req.needs_prompt_logprobs() && start + 1 < req.num_prompt_tokens;
   out.chunks.push_back(chunk);
   ScheduledSequence seq;
   seq.request_id = req.id;
@@ -85,6 +100,9 @@ void Scheduler::add_to_batch(SchedulerOutput& out, Request& req, int32_t n) {
   seq.params = &req.params;
   seq.sample_step = static_cast<uint64_t>(req.num_output_tokens());
   seq.keep_logits = seq.sample && seq.sample_step == 0 && req.hold_blocks_for_remote_reader;
+  seq.prompt_tokens = std::span<const int32_t>(req.tokens).first(static_cast<size_t>(req.num_prompt_tokens));
+  seq.output_tokens = req.output_tokens();
+  seq.prompt_logprobs = chunk.all_logits;
   out.sequences.push_back(std::move(seq));
   out.num_batched_tokens += n;
 }
@@ -110,7 +128,7 @@ SchedulerOutput Scheduler::schedule() {
   // already given work this step is never preempted.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Request& req = *running_[i];
-    const int32_t n = std::min(req.num_tokens() - req.num_computed_tokens, budget);
+    const int32_t n = chunk_tokens(req, budget);
     bool fits = true;
     while (!allocator_.allocate(req, n)) {
       Request& victim = *running_.back();
@@ -136,8 +154,8 @@ SchedulerOutput Scheduler::schedule() {
         ++it;
         continue;
       }
-      const CachedPrefix prefix = allocator_.find_cached_prefix(req);
-      const int32_t n = std::min(req.num_tokens() - req.num_computed_tokens - prefix.num_tokens, budget);
+      const CachedPrefix prefix = cached_prefix(req);
+      const int32_t n = chunk_tokens(req, budget + prefix.num_tokens) - prefix.num_tokens;
       const bool first_lookup = req.block_table.empty();
       if (!allocator_.allocate(req, n, prefix)) break;
       if (first_lookup) pool_.record_prefix_query(req.num_tokens(), prefix.num_tokens);
@@ -201,17 +219,31 @@ void Scheduler::remove_from_queues(const Request& req) {
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), &req), waiting_.end());
 }
 
-Result<std::vector<RequestOutput>> Scheduler::update(const SchedulerOutput& out, std::span<const SampledToken> sampled) {
+Result<std::vector<RequestOutput>> Scheduler::update(const SchedulerOutput& out, std::span<const SampledToken> sampled,
+                                                     std::span<const std::vector<TokenLogprobs>> prompt_logprobs) {
   if (sampled.size() != out.num_samples())
     return invalid_argument("scheduler update: " + num(sampled.size()) + " sampled tokens for " +
                             num(out.num_samples()) + " sequences that sample");
+  if (!prompt_logprobs.empty() && prompt_logprobs.size() != out.sequences.size())
+    return invalid_argument("scheduler update: prompt log-probabilities for " + num(prompt_logprobs.size()) +
+                            " of " + num(out.sequences.size()) + " sequences");
   std::vector<RequestOutput> outputs;
   size_t next = 0;
-  for (const ScheduledSequence& seq : out.sequences) {
+  for (size_t i = 0; i < out.sequences.size(); ++i) {
+    const ScheduledSequence& seq = out.sequences[i];
     const SampledToken* token = seq.sample ? &sampled[next++] : nullptr;
     Request* req = lookup(seq.request_id);
     // Gone or moved since schedule(): its step result no longer applies.
     if (!req || req->state != RequestState::kRunning || req->num_computed_tokens != seq.start_pos) continue;
+    if (!prompt_logprobs.empty()) {
+      // Entry k scores position start + 1 + k; positions scored before a
+      // preemption are kept, not appended twice.
+      const std::vector<TokenLogprobs>& scored = prompt_logprobs[i];
+      for (size_t k = 0; k < scored.size(); ++k)
+        if (static_cast<size_t>(seq.start_pos) + k == req->prompt_logprobs.size() &&
+            req->needs_prompt_logprobs())
+          req->prompt_logprobs.push_back(scored[k]);
+    }
     req->num_computed_tokens += seq.num_tokens;
     allocator_.publish_computed_blocks(*req);
     if (token) outputs.push_back(append_token(*req, *token));
@@ -221,13 +253,17 @@ Result<std::vector<RequestOutput>> Scheduler::update(const SchedulerOutput& out,
 
 RequestOutput Scheduler::append_token(Request& req, const SampledToken& token) {
   req.tokens.push_back(token.token);
+  std::vector<TokenLogprobs> prompt_logprobs;
+  if (req.params.prompt_logprobs && req.num_output_tokens() == 1) prompt_logprobs = req.prompt_logprobs;
   RequestEvent event{};
   if (check_stop(req, event)) {
     RequestOutput o = finish(req, event);  // req is gone from here on
     o.new_tokens.push_back(token);
+    o.prompt_logprobs = std::move(prompt_logprobs);
     return o;
   }
   RequestOutput o;
+  o.prompt_logprobs = std::move(prompt_logprobs);
   o.request_id = req.id;
   o.new_tokens.push_back(token);
   o.state = req.state;
@@ -301,7 +337,7 @@ Result<RemoteKvTarget> Scheduler::await_remote_kv(const RequestId& id) {
   if (!req) return not_found("request '" + id + "' is not waiting (unknown or already finished)");
   if (req->state != RequestState::kWaiting || !req->block_table.empty() || req->num_output_tokens() != 0)
     return conflict("request '" + id + "' cannot wait for remote KV in state " + state_name(req->state));
-  const CachedPrefix prefix = allocator_.find_cached_prefix(*req);
+  const CachedPrefix prefix = cached_prefix(*req);
   const int32_t n = req->num_prompt_tokens - prefix.num_tokens;
   if (!allocator_.allocate(*req, n, prefix))
     return unavailable("request '" + id + "': " + num(allocator_.blocks_needed(*req, n, prefix)) +

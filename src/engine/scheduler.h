@@ -67,6 +67,9 @@ struct SchedulerOptions {
   int32_t vocab_size = 0;                 // prompt token ids must be below it (0: unchecked)
   int32_t block_size = kBlockSize;
   std::vector<int32_t> eos_token_ids;
+  // Prompt tokens per step of a request whose prompt is scored
+  // (SamplingParams::prompt_logprobs): each brings a row of logits to the host.
+  int32_t max_prompt_logprob_tokens = 256;
 };
 
 struct SchedulerStats {
@@ -94,8 +97,13 @@ class Scheduler {
 
   SchedulerOutput schedule();
   // sampled: one token per sequence of `out` with `sample` set, in order.
-  // Returns one output per request that sampled a token, finished included.
-  Result<std::vector<RequestOutput>> update(const SchedulerOutput& out, std::span<const SampledToken> sampled);
+  // prompt_logprobs (empty, or one entry per sequence of `out`): for a
+  // sequence with `prompt_logprobs` set, the log-probabilities of the prompt
+  // tokens after the chunk's positions, in order. Returns one output per
+  // request that sampled a token, finished included; a request's first
+  // token carries its prompt's log-probabilities.
+  Result<std::vector<RequestOutput>> update(const SchedulerOutput& out, std::span<const SampledToken> sampled,
+                                            std::span<const std::vector<TokenLogprobs>> prompt_logprobs = {});
 
   // Ends a request in any unfinished state and frees its blocks (a request
   // waiting for remote KV keeps them under load_hold_owner(id) until
@@ -147,6 +155,11 @@ class Scheduler {
   Request* lookup(const RequestId& id);
   // The request, if it is waiting for remote KV (kNotFound / kConflict otherwise).
   Result<Request*> waiting_for_remote_kv(const RequestId& id);
+  // Tokens the request computes this step within `budget` (a scored prompt
+  // takes at most max_prompt_logprob_tokens).
+  int32_t chunk_tokens(const Request& req, int32_t budget) const;
+  // The prefix-cache hit of a request without blocks (none for a scored prompt).
+  CachedPrefix cached_prefix(Request& req) const;
   void add_to_batch(SchedulerOutput& out, Request& req, int32_t num_new_tokens);
   void preempt(Request& req, SchedulerOutput* out);
   // Applies a finishing event, releases the request and forgets it.

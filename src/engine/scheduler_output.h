@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "engine/request.h"
@@ -28,6 +29,13 @@ struct ScheduledSequence {
   // Keep the sampled row of logits with the token (SampledToken::logits): the
   // first token of a request whose blocks are held for a remote reader.
   bool keep_logits = false;
+  // The request's prompt and generated tokens (penalties, bad words, forced
+  // tokens: Sampler's TokenHistory), and whether this step scores its prompt
+  // (chunk.all_logits: the row of position p gives the log-probability of
+  // prompt token p + 1). Spans valid as `chunks` are.
+  std::span<const int32_t> prompt_tokens;
+  std::span<const int32_t> output_tokens;
+  bool prompt_logprobs = false;
 };
 
 struct SchedulerOutput {

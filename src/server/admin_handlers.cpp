@@ -27,6 +27,11 @@ nlohmann::json tag_bytes(const memory::TagBytes& bytes) {
   return out;
 }
 
+nlohmann::json kv_transfer_json(const KvReleaseReport& kv) {
+  return {{"loads_ended", kv.loads_ended}, {"sends_ended", kv.sends_ended}, {"invalidated", kv.invalidated},
+          {"acked", kv.acked},             {"unanswered", kv.unanswered},   {"deregistered", kv.deregistered}};
+}
+
 nlohmann::json status_json(const EngineStatus& s) {
   nlohmann::json call{{"released_bytes", tag_bytes(s.call.released_bytes)},
                       {"offloaded_bytes", tag_bytes(s.call.offloaded_bytes)},
@@ -36,12 +41,7 @@ nlohmann::json status_json(const EngineStatus& s) {
                       {"seconds", s.call.seconds}};
   call["weights_loaded_from"] =
       s.call.weights_loaded_from.empty() ? nlohmann::json() : nlohmann::json(s.call.weights_loaded_from);
-  if (s.call.kv_transfer) {
-    const KvReleaseReport& kv = *s.call.kv_transfer;
-    call["kv_transfer"] = {{"loads_ended", kv.loads_ended},   {"sends_ended", kv.sends_ended},
-                           {"invalidated", kv.invalidated},   {"acked", kv.acked},
-                           {"unanswered", kv.unanswered},     {"deregistered", kv.deregistered}};
-  }
+  if (s.call.kv_transfer) call["kv_transfer"] = kv_transfer_json(*s.call.kv_transfer);
   return {{"state", engine_state_name(s.state)},
           {"is_sleeping", engine_is_sleeping(s.state)},
           {"is_paused", engine_is_paused(s.state)},
@@ -151,19 +151,46 @@ Result<memory::TagSet> tags_param(const httplib::Request& req) {
   return memory::parse_tags(names);
 }
 
-// The checkpoint directory of reload_weights: {"model": DIR}, or none.
-Result<std::optional<std::filesystem::path>> model_dir_of(const nlohmann::json& obj) {
+// The checkpoint directory of reload_weights: {"weights_path": DIR} (vLLM's
+// worker argument) or {"model": DIR}, or none. `what` names the object.
+Result<std::optional<std::filesystem::path>> model_dir_of(const nlohmann::json& obj, const std::string& what) {
   if (obj.is_null()) return std::optional<std::filesystem::path>{};
-  if (!obj.is_object()) return invalid_argument("the request body must be a JSON object, got " + json_type_name(obj));
+  if (!obj.is_object()) return invalid_argument(what + " must be a JSON object, got " + json_type_name(obj));
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "weights_path" || k == "model") continue;
+    if (k == "is_checkpoint_format" && (it->is_null() || (it->is_boolean() && it->get<bool>()))) continue;
+    return invalid_argument(
+        what + ": '" + k + "' is not supported by reload_weights here; it takes weights_path (a checkpoint directory)");
+  }
+  SIESTA_ASSIGN_OR_RETURN(std::optional<std::string> path, read_string(obj, "weights_path"));
   SIESTA_ASSIGN_OR_RETURN(std::optional<std::string> model, read_string(obj, "model"));
-  if (!model) return std::optional<std::filesystem::path>{};
-  if (model->empty()) return invalid_argument("'model' must name a checkpoint directory, got an empty string");
-  return std::optional<std::filesystem::path>{std::filesystem::path(*model)};
+  if (path && model && *path != *model)
+    return invalid_argument(what + ": 'weights_path' and 'model' name different directories");
+  const std::optional<std::string> dir = path ? path : model;
+  if (!dir) return std::optional<std::filesystem::path>{};
+  if (dir->empty()) return invalid_argument(what + ": the checkpoint directory must not be an empty string");
+  return std::optional<std::filesystem::path>{std::filesystem::path(*dir)};
 }
 
-void answer(httplib::Response& res, const Result<EngineStatus>& r) {
+// vLLM's answer to a call (`vllm_body`; null: an empty 200), or siesta's
+// EngineStatus with ?verbose=true. A call that ended P/D transfers (sleep,
+// a pause that cleared the cache) also names the peers it invalidated:
+// {"kv_transfer": {...}} beside vLLM's fields (a body where vLLM sends none).
+void answer(const httplib::Request& req, httplib::Response& res, const Result<EngineStatus>& r,
+            nlohmann::json vllm_body) {
   if (!r) return send_error(res, ApiError::from_status(r.error()));
-  send_json(res, 200, status_json(*r));
+  auto verbose = bool_param(req, "verbose");
+  if (verbose && verbose->value_or(false)) return send_json(res, 200, status_json(*r));
+  if (r->call.kv_transfer) {
+    if (vllm_body.is_null()) vllm_body = nlohmann::json::object();
+    vllm_body["kv_transfer"] = kv_transfer_json(*r->call.kv_transfer);
+  }
+  if (vllm_body.is_null()) {
+    res.status = 200;
+    return;
+  }
+  send_json(res, 200, vllm_body);
 }
 
 // Parses a POST body as JSON, allowing an empty one (null); false after answering.
@@ -175,14 +202,13 @@ bool optional_json_body(const std::string& body, httplib::Response& res, nlohman
   return parse_json_body(body, res, out);
 }
 
-void handle_reload_weights(ServerContext& ctx, const httplib::Request& req,
-                           const std::optional<std::filesystem::path>& dir, httplib::Response& res, bool as_rpc) {
-  auto deadline = deadline_param(req);
-  if (!deadline) return send_error(res, ApiError::from_status(deadline.error()));
-  Result<EngineStatus> r = ctx.engine.reload_weights(dir, *deadline);
-  if (!r) return send_error(res, ApiError::from_status(r.error()));
-  if (as_rpc) return send_json(res, 200, {{"results", nlohmann::json::array({status_json(*r)})}});
-  send_json(res, 200, status_json(*r));
+// collective_rpc's body `timeout` (seconds), else the query's.
+Result<Deadline> rpc_deadline(const httplib::Request& req, const nlohmann::json& body) {
+  auto t = body.find("timeout");
+  if (t == body.end() || t->is_null()) return deadline_param(req);
+  if (!t->is_number() || !(t->get<double>() > 0) || t->get<double>() > 86400)
+    return invalid_argument("'timeout' must be a number of seconds in (0, 86400], got " + t->dump());
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t->get<double>()));
 }
 
 }  // namespace
@@ -208,21 +234,32 @@ void add_admin_routes(httplib::Server& s, ServerContext& ctx) {
   post("/sleep", [&ctx, fail](const httplib::Request& req, const std::string&, httplib::Response& res) {
     auto level = int_param(req, "level", 1);
     if (!level) return fail(res, level.error());
-    auto mode = mode_param(req, PauseMode::kKeep);
+    auto mode = mode_param(req, PauseMode::kAbort);  // vLLM's default
     if (!mode) return fail(res, mode.error());
     auto deadline = deadline_param(req);
     if (!deadline) return fail(res, deadline.error());
-    answer(res, ctx.engine.sleep(*level, *mode, *deadline));
+    answer(req, res, ctx.engine.sleep(*level, *mode, *deadline), nullptr);
   });
   post("/wake_up", [&ctx, fail](const httplib::Request& req, const std::string&, httplib::Response& res) {
     auto tags = tags_param(req);
     if (!tags) return fail(res, tags.error());
     auto deadline = deadline_param(req);
     if (!deadline) return fail(res, deadline.error());
-    answer(res, ctx.engine.wake_up(*tags, *deadline));
+    answer(req, res, ctx.engine.wake_up(*tags, *deadline), nullptr);
   });
-  get("/is_sleeping", [&ctx](const httplib::Request&, httplib::Response& res) {
-    send_json(res, 200, {{"is_sleeping", engine_is_sleeping(ctx.engine.state())}});
+  get("/is_sleeping", [&ctx, fail](const httplib::Request& req, httplib::Response& res) {
+    auto verbose = bool_param(req, "verbose");
+    if (!verbose) return fail(res, verbose.error());
+    if (!verbose->value_or(false))
+      return send_json(res, 200, {{"is_sleeping", engine_is_sleeping(ctx.engine.state())}});
+    nlohmann::json s = status_json(ctx.engine.status());
+    s.erase("call");
+    send_json(res, 200, s);
+  });
+  get("/engine_state", [&ctx](const httplib::Request&, httplib::Response& res) {
+    nlohmann::json s = status_json(ctx.engine.status());
+    s.erase("call");
+    send_json(res, 200, s);
   });
   post("/pause", [&ctx, fail](const httplib::Request& req, const std::string&, httplib::Response& res) {
     auto mode = mode_param(req, PauseMode::kAbort);
@@ -235,12 +272,14 @@ void add_admin_routes(httplib::Server& s, ServerContext& ctx) {
     if (!clear_cache) return fail(res, clear_cache.error());
     auto deadline = deadline_param(req);
     if (!deadline) return fail(res, deadline.error());
-    answer(res, ctx.engine.pause(*mode, *deadline, clear_cache->value_or(true)));
+    // clear_cache (default true, as vLLM's) also with mode keep: siesta's kept requests recompute, so the
+    // cache can go; P/D transfers holding blocks are ended first (Engine::pause).
+    answer(req, res, ctx.engine.pause(*mode, *deadline, clear_cache->value_or(true)), {{"status", "paused"}});
   });
   post("/resume", [&ctx, fail](const httplib::Request& req, const std::string&, httplib::Response& res) {
     auto deadline = deadline_param(req);
     if (!deadline) return fail(res, deadline.error());
-    answer(res, ctx.engine.resume(*deadline));
+    answer(req, res, ctx.engine.resume(*deadline), {{"status", "resumed"}});
   });
   get("/is_paused", [&ctx](const httplib::Request&, httplib::Response& res) {
     send_json(res, 200, {{"is_paused", engine_is_paused(ctx.engine.state())}});
@@ -250,44 +289,70 @@ void add_admin_routes(httplib::Server& s, ServerContext& ctx) {
     if (!running) return fail(res, running.error());
     auto deadline = deadline_param(req);
     if (!deadline) return fail(res, deadline.error());
-    answer(res, ctx.engine.reset_prefix_cache(running->value_or(false), *deadline));
+    Result<EngineStatus> r = ctx.engine.reset_prefix_cache(running->value_or(false), *deadline);
+    // vLLM: {"success": false} while blocks are still held; the caller may retry.
+    if (!r && r.error().code == ErrorCode::kConflict) {
+      auto verbose = bool_param(req, "verbose");
+      if (!verbose || !verbose->value_or(false)) return send_json(res, 200, {{"success", false}});
+    }
+    answer(req, res, r, {{"success", true}});
   });
   post("/release_kv_cache_memory",
        [&ctx, fail](const httplib::Request& req, const std::string&, httplib::Response& res) {
          auto deadline = deadline_param(req);
          if (!deadline) return fail(res, deadline.error());
-         answer(res, ctx.engine.release_kv_cache_memory(*deadline));
+         Result<EngineStatus> r = ctx.engine.release_kv_cache_memory(*deadline);
+         if (!r) return fail(res, r.error());
+         send_json(res, 200, status_json(*r));
        });
   post("/reload_weights", [&ctx, fail](const httplib::Request& req, const std::string& text, httplib::Response& res) {
     nlohmann::json body;
     if (!optional_json_body(text, res, body)) return;
-    auto dir = model_dir_of(body);
+    auto dir = model_dir_of(body, "the request body");
     if (!dir) return fail(res, dir.error());
-    handle_reload_weights(ctx, req, *dir, res, /*as_rpc=*/false);
+    auto deadline = deadline_param(req);
+    if (!deadline) return fail(res, deadline.error());
+    Result<EngineStatus> r = ctx.engine.reload_weights(*dir, *deadline);
+    if (!r) return fail(res, r.error());
+    send_json(res, 200, status_json(*r));
   });
   post("/collective_rpc", [&ctx, fail](const httplib::Request& req, const std::string& text, httplib::Response& res) {
     nlohmann::json body;
     if (!parse_json_body(text, res, body)) return;
     if (!body.is_object())
       return fail(res, invalid_argument("the request body must be a JSON object, got " + json_type_name(body)));
+    for (auto it = body.begin(); it != body.end(); ++it)
+      if (it.key() != "method" && it.key() != "args" && it.key() != "kwargs" && it.key() != "timeout")
+        return fail(res,
+                    invalid_argument("'" + it.key() +
+                                     "' is not a field of /collective_rpc; it takes method, args, kwargs, timeout"));
     auto method = read_string(body, "method");
     if (!method) return fail(res, method.error());
-    if (!*method) return fail(res, invalid_argument("'method' is required; this server supports 'reload_weights'"));
+    if (!*method) return fail(res, invalid_argument("Missing 'method' in request body"));
     if (**method != "reload_weights")
       return fail(res, invalid_argument("collective_rpc method '" + **method +
                                         "' is not supported; this server supports 'reload_weights' only"));
-    // The checkpoint: kwargs.model, or a string as the first of args.
+    // reload_weights(weights_path): kwargs.weights_path, or a string as the only positional argument.
     auto kwargs = read_object(body, "kwargs");
     if (!kwargs) return fail(res, kwargs.error());
-    auto dir = model_dir_of(*kwargs);
+    auto dir = model_dir_of(*kwargs, "'kwargs'");
     if (!dir) return fail(res, dir.error());
     auto args = body.find("args");
-    if (!*dir && args != body.end() && args->is_array() && !args->empty()) {
-      if (!(*args)[0].is_string() || (*args)[0].get<std::string>().empty())
-        return fail(res, invalid_argument("'args[0]' of reload_weights must name a checkpoint directory"));
-      *dir = std::filesystem::path((*args)[0].get<std::string>());
+    if (args != body.end() && !args->is_null()) {
+      if (!args->is_array()) return fail(res, invalid_argument("'args' must be an array"));
+      if (args->size() > 1 || (!args->empty() && (!(*args)[0].is_string() || (*args)[0].get<std::string>().empty())))
+        return fail(res,
+                    invalid_argument("'args' of reload_weights: at most one, the checkpoint directory (a string)"));
+      if (!args->empty()) {
+        if (*dir)
+          return fail(res, invalid_argument("reload_weights: give the directory in 'args' or 'kwargs', not both"));
+        *dir = std::filesystem::path((*args)[0].get<std::string>());
+      }
     }
-    handle_reload_weights(ctx, req, *dir, res, /*as_rpc=*/true);
+    auto deadline = rpc_deadline(req, body);
+    if (!deadline) return fail(res, deadline.error());
+    // One worker, returning nothing: vLLM's {"results": [null]}.
+    answer(req, res, ctx.engine.reload_weights(*dir, *deadline), {{"results", nlohmann::json::array({nullptr})}});
   });
   get("/memory", [&ctx](const httplib::Request&, httplib::Response& res) {
     const EngineMemoryReport r = ctx.engine.memory_report(Clock::now() + std::chrono::seconds(10));

@@ -1,26 +1,34 @@
-// The admin routes of sleep mode, with vLLM's paths, parameters and JSON:
-//   POST /sleep?level=0|1|2&mode=abort|wait|keep    (level 1, mode keep by default: vLLM
-//                                                   aborts by default; siesta never fails a request
-//                                                   unless asked to)
-//   POST /wake_up[?tags=weights&tags=kv_cache]      (no tags: everything)
+// The admin routes of sleep mode, with the paths, parameters, status codes
+// and bodies of vLLM's dev-mode routers:
+//   POST /sleep?level=0|1|2&mode=abort|wait|keep    200, empty body (level 1, mode abort by default, as vLLM)
+//   POST /wake_up[?tags=weights&tags=kv_cache]      200, empty body (no tags: everything)
 //   GET  /is_sleeping                               {"is_sleeping": bool}
-//   POST /pause?mode=abort|wait|keep[&clear_cache=true|false]   (mode abort, clear_cache true by default)
-//   POST /resume
+//   POST /pause?mode=abort|wait|keep[&clear_cache=true|false]   {"status": "paused"}
+//                                                   (mode abort, clear_cache true by default)
+//   POST /resume                                    {"status": "resumed"}
 //   GET  /is_paused                                 {"is_paused": bool}
-//   POST /reset_prefix_cache[?reset_running_requests=true]
+//   POST /reset_prefix_cache[?reset_running_requests=true]       {"success": bool} (false: blocks in use)
+//   POST /collective_rpc                            body {"method": "reload_weights", "args": [...],
+//                                                   "kwargs": {"weights_path": DIR}, "timeout": S}
+//                                                   -> {"results": [null]} (one worker, nothing returned)
+// siesta's own, answering the EngineStatus they left:
 //   POST /release_kv_cache_memory                   (after a pause)
-//   POST /reload_weights                            body: none, or {"model": DIR}
-//   POST /collective_rpc                            body: {"method": "reload_weights", "kwargs": {"model": DIR}}
+//   POST /reload_weights                            body: none, or {"weights_path": DIR} ("model" too)
+//   GET  /engine_state                              the EngineStatus now
 //   GET  /memory                                    bytes per tag and state, process RSS, device
-// Every POST answers the engine status it left (engine_status.h as JSON:
-// "state", "is_sleeping", "is_paused", "resident_tags", "not_resident_tags",
-// "weights_loaded", "weights_dir", "requests", and "call": what the call did).
-// Every POST accepts `timeout` (seconds, default 120): the deadline of the call.
+// Every POST takes ?verbose=true to answer siesta's EngineStatus instead of
+// vLLM's body (engine_status.h as JSON: "state", "is_sleeping", "is_paused",
+// "resident_tags", "not_resident_tags", "weights_loaded", "weights_dir",
+// "requests", and "call": what the call did); GET /is_sleeping?verbose=true
+// adds it to {"is_sleeping"}. Every POST accepts `timeout` (seconds, default
+// 120): the deadline of the call (collective_rpc also in its body).
 //
 // Without --enable-sleep-mode every route answers 400 saying so. The API key
 // applies as on every other route (the server's pre-routing check). A call
 // the engine's state does not allow is 409 with what to call first; bad
-// parameters are 400; the engine keeps serving either way.
+// parameters (and fields or collective_rpc methods this server does not
+// know) are 400; the engine keeps serving either way. Errors are OpenAI
+// error JSON.
 //
 // Handlers parse, validate and translate; the Engine does the work. They run
 // on the HTTP thread pool, several at once; the engine serialises them.

@@ -1,5 +1,6 @@
 #include "server/api_server.h"
 
+#include <cctype>
 #include <ctime>
 
 #include "common/listen_backlog.h"
@@ -18,6 +19,27 @@ bool same_secret(const std::string& a, const std::string& b) {
   unsigned char diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   return diff == 0;
+}
+
+// `Authorization: Bearer KEY`, the scheme in any case (RFC 7235).
+bool bearer_matches(const std::string& header, const std::string& key) {
+  size_t i = header.find_first_not_of(' ');
+  if (i == std::string::npos || header.size() - i < 7) return false;
+  for (size_t k = 0; k < 6; ++k)
+    if (std::tolower(static_cast<unsigned char>(header[i + k])) != "bearer"[k]) return false;
+  i += 6;
+  if (header[i] != ' ') return false;
+  i = header.find_first_not_of(' ', i);
+  if (i == std::string::npos) return false;
+  size_t e = header.find_last_not_of(' ');
+  return same_secret(header.substr(i, e + 1 - i), key);
+}
+
+// Routes a client without the API key may call: liveness and what peers and
+// scrapers read (/metrics unless --metrics-require-key).
+bool open_route(const ServerOptions& o, const std::string& path) {
+  return path == "/health" || path == "/ping" || path == "/version" || path == "/kv_transfer_info" ||
+         (path == "/metrics" && !o.metrics_require_key);
 }
 
 ApiError error_for_status(const httplib::Request& req, int status, size_t max_body) {
@@ -52,6 +74,10 @@ ApiServer::ApiServer(Engine& engine, ServerOptions options)
                              static_cast<int64_t>(std::time(nullptr))}),
       http_(std::make_unique<Http>()) {
   ServerContext& ctx = *ctx_;
+  if (auto t = ChatTemplate::load(engine.options().model_dir, ctx.options.chat_template))
+    ctx.chat_template = std::make_shared<const ChatTemplate>(std::move(*t));
+  else
+    ctx.chat_template_error = t.error().message;
   httplib::Server& s = http_->server;
   const size_t threads = ctx.options.http_threads > 0
                              ? ctx.options.http_threads
@@ -64,15 +90,31 @@ ApiServer::ApiServer(Engine& engine, ServerOptions options)
   s.set_socket_options(http_->backlog.socket_options());
 
   s.set_pre_routing_handler([&ctx](const httplib::Request& req, httplib::Response& res) {
+    // CORS preflight: answered for every path, with no key (browsers send none).
+    if (req.method == "OPTIONS") {
+      res.status = 204;
+      res.set_header("Access-Control-Allow-Origin", "*");
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+      res.set_header("Access-Control-Allow-Headers", asked.empty() ? std::string("*") : asked);
+      res.set_header("Access-Control-Max-Age", "600");
+      return httplib::Server::HandlerResponse::Handled;
+    }
     // /kv_transfer_info is read by peer engines, which hold no API key; it
     // tells what the side channel's port already tells anyone who connects.
-    if (ctx.options.api_key.empty() || req.path == "/health" || req.path == "/kv_transfer_info")
+    if (ctx.options.api_key.empty() || open_route(ctx.options, req.path))
       return httplib::Server::HandlerResponse::Unhandled;
-    if (same_secret(req.get_header_value("Authorization"), "Bearer " + ctx.options.api_key))
+    if (bearer_matches(req.get_header_value("Authorization"), ctx.options.api_key))
       return httplib::Server::HandlerResponse::Unhandled;
     send_error(res, ApiError{401, "authentication_error", "invalid_api_key",
                              "a valid API key is required: send 'Authorization: Bearer <key>'", {}});
     return httplib::Server::HandlerResponse::Handled;
+  });
+  // Browsers read answers to other origins only with this header (vLLM's
+  // CORS middleware allows every origin by default).
+  s.set_post_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (req.has_header("Origin") && !res.has_header("Access-Control-Allow-Origin"))
+      res.set_header("Access-Control-Allow-Origin", "*");
   });
   // Every answer of 400 and above that has no body yet (unknown path, body
   // too large, unreadable HTTP) gets OpenAI error JSON.
@@ -115,9 +157,16 @@ ApiServer::ApiServer(Engine& engine, ServerOptions options)
     handle_detokenize(ctx, body, res);
   });
   s.Get("/v1/models", [&ctx](const httplib::Request& req, httplib::Response& res) { handle_models(ctx, req, res); });
+  s.Get(R"(/v1/models/(.+))",
+        [&ctx](const httplib::Request& req, httplib::Response& res) { handle_model(ctx, req, res); });
+  s.Get("/server_info",
+        [&ctx](const httplib::Request& req, httplib::Response& res) { handle_server_info(ctx, req, res); });
+  s.Get("/ping", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
   s.Get("/metrics", [&ctx](const httplib::Request& req, httplib::Response& res) { handle_metrics(ctx, req, res); });
   s.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
-  s.Get("/version", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, {{"version", "0.1.0"}}); });
+  s.Get("/version", [](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, {{"version", "0.1.0"}});
+  });
   s.Get("/kv_transfer_info", [&ctx](const httplib::Request&, httplib::Response& res) {
     if (ctx.options.kv_transfer_info.is_null()) {
       send_error(res, ApiError{404, "invalid_request_error", "not_found",
@@ -133,6 +182,7 @@ ApiServer::~ApiServer() { stop(); }
 
 Result<int> ApiServer::bind() {
   const ServerOptions& o = ctx_->options;
+  if (!ctx_->chat_template) return invalid_argument("the chat template cannot be used: " + ctx_->chat_template_error);
   if (o.port == 0) {
     http_->port = http_->server.bind_to_any_port(o.host);
   } else if (http_->server.bind_to_port(o.host, o.port)) {

@@ -31,6 +31,7 @@
 
 #include "common/status.h"
 #include "engine/engine.h"
+#include "server/chat_config.h"
 
 namespace siesta::server {
 
@@ -46,6 +47,16 @@ struct ServerOptions {
   // P/D: what GET /kv_transfer_info answers (the connector's engine id and
   // side channel, SiestaConnector::info()); null without --kv-transfer-config (404).
   nlohmann::json kv_transfer_info;
+  // Chat: the template (--chat-template: a file or the template; empty: the
+  // model's) and how answers are read.
+  std::string chat_template;
+  ChatConfig chat;
+  // /metrics needs the API key too (a scraper without one gets 401).
+  bool metrics_require_key = false;
+  // /metrics adds vllm:-named copies of the metrics vLLM dashboards chart.
+  bool vllm_metric_names = false;
+  // What GET /server_info reports of the serve flags (the CLI fills it).
+  nlohmann::json server_info;
 };
 
 struct ServerContext;

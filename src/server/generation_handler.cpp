@@ -32,7 +32,9 @@ struct StreamingSession {
   bool done = false;
 };
 
-bool write(httplib::DataSink& sink, const std::string& s) { return sink.is_writable() && sink.write(s.data(), s.size()); }
+bool write(httplib::DataSink& sink, const std::string& s) {
+  return sink.is_writable() && sink.write(s.data(), s.size());
+}
 
 void answer_streaming(ServerContext& ctx, std::shared_ptr<StreamingSession> session, httplib::Response& res) {
   res.set_header("Cache-Control", "no-cache");
@@ -44,12 +46,15 @@ void answer_streaming(ServerContext& ctx, std::shared_ptr<StreamingSession> sess
           sink.done();
           return true;
         }
-        if (!s.started) {
+        const std::vector<IndexedDelta> deltas = s.stream.next(Clock::now() + ctx.options.client_poll_interval);
+        // The role chunk goes with the first token, as vLLM sends it (a client
+        // timing its first chunk measures the first token).
+        if (!s.started && (!deltas.empty() || s.stream.finished())) {
           s.started = true;
           for (const nlohmann::json& c : s.response.start_chunks())
             if (!write(sink, sse(c))) return false;
         }
-        for (const IndexedDelta& d : s.stream.next(Clock::now() + ctx.options.client_poll_interval))
+        for (const IndexedDelta& d : deltas)
           for (const nlohmann::json& c : s.response.chunks(d))
             if (!write(sink, sse(c))) return false;
         if (s.stream.finished()) {
@@ -100,15 +105,30 @@ void handle_generation(ServerContext& ctx, ApiKind kind, const httplib::Request&
                        httplib::Response& res) {
   nlohmann::json body;
   if (!parse_json_body(text, res, body) || !check_model(ctx, body, res)) return;
-  const Tokenizer& tok = ctx.engine.tokenizer();
-  Result<GenerationJob> job = kind == ApiKind::kChat ? parse_chat_request(body, tok, ctx.sampling_defaults)
-                                                     : parse_completion_request(body, tok, ctx.sampling_defaults);
+  const RequestContext rc = request_context(ctx);
+  Result<GenerationJob> job = internal_error("unreachable");
+  if (kind == ApiKind::kChat) {
+    if (!ctx.chat_template)
+      return send_error(res, ApiError{500, "server_error", "chat_template_unavailable", ctx.chat_template_error, {}});
+    // Objects in the client's order: tools reach the template (and its tojson) as sent.
+    const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+    job = parse_chat_request(body, ordered, rc);
+  } else {
+    job = parse_completion_request(body, rc);
+  }
   if (!job) {
     send_error(res, ApiError::from_status(job.error()));
     return;
   }
-  const std::string id = random_id(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-");
-  assign_request_ids(*job, id);
+  // The response id, as vLLM names it: the X-Request-Id header, else the
+  // body's request_id, else random. Engine request ids stay unique whatever
+  // the client reuses.
+  const char* prefix = kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-";
+  const std::string header_id = req.get_header_value("X-Request-Id");
+  const std::string id = !header_id.empty() ? prefix + header_id
+                         : job->request_id   ? prefix + *job->request_id
+                                             : random_id(prefix);
+  assign_request_ids(*job, random_id(prefix));
   // P/D: both legs of a disaggregated request carry the proxy's X-Request-Id;
   // the engines name the request's KV by it and the choice index.
   const std::string x_request_id = req.get_header_value("X-Request-Id");

@@ -24,7 +24,9 @@ struct Families {
     all.back().metric.back().label = {{"model_name", model}};
     return all.back().metric.back();
   }
-  void gauge(const std::string& name, const std::string& help, double v) { add(name, help, MetricType::Gauge).gauge.value = v; }
+  void gauge(const std::string& name, const std::string& help, double v) {
+    add(name, help, MetricType::Gauge).gauge.value = v;
+  }
   void counter(const std::string& name, const std::string& help, double v) {
     add(name, help, MetricType::Counter).counter.value = v;
   }
@@ -51,9 +53,48 @@ struct Families {
   }
 };
 
+// vLLM's names for the families its dashboards chart (siesta name -> vLLM names).
+const std::vector<std::pair<std::string, std::vector<std::string>>>& vllm_aliases() {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> kAliases = {
+      {"siesta:num_requests_running", {"vllm:num_requests_running"}},
+      {"siesta:num_requests_waiting", {"vllm:num_requests_waiting"}},
+      {"siesta:kv_cache_usage_perc", {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"}},
+      {"siesta:prompt_tokens_total", {"vllm:prompt_tokens_total"}},
+      {"siesta:generation_tokens_total", {"vllm:generation_tokens_total"}},
+      {"siesta:request_success_total", {"vllm:request_success_total"}},
+      {"siesta:prefix_cache_queries_total", {"vllm:prefix_cache_queries_total"}},
+      {"siesta:prefix_cache_hits_total", {"vllm:prefix_cache_hits_total"}},
+      {"siesta:num_preemptions_total", {"vllm:num_preemptions_total"}},
+      {"siesta:time_to_first_token_seconds", {"vllm:time_to_first_token_seconds"}},
+      {"siesta:inter_token_latency_seconds",
+       {"vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"}},
+      {"siesta:e2e_request_latency_seconds", {"vllm:e2e_request_latency_seconds"}},
+      {"siesta:engine_sleep_state", {"vllm:engine_sleep_state"}},
+  };
+  return kAliases;
+}
+
+void add_sleep_state(Families& f, EngineState state) {
+  f.all.push_back(MetricFamily{"siesta:engine_sleep_state",
+                               "Engine sleep state; awake = 0 means the engine is sleeping; awake = 1 means it is "
+                               "awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+                               MetricType::Gauge,
+                               {}});
+  const std::pair<const char*, bool> states[] = {{"awake", !engine_is_sleeping(state)},
+                                                  {"weights_offloaded", state == EngineState::kSleepingLevel1},
+                                                  {"discard_all", state == EngineState::kSleepingLevel2}};
+  for (const auto& [name, on] : states) {
+    ClientMetric m;
+    m.label = {{"model_name", f.model}, {"sleep_state", name}};
+    m.gauge.value = on ? 1 : 0;
+    f.all.back().metric.push_back(std::move(m));
+  }
+}
+
 }  // namespace
 
-std::string render_prometheus(const EngineMetricsSnapshot& s, const std::string& model_name) {
+std::string render_prometheus(const EngineMetricsSnapshot& s, const std::string& model_name,
+                              const PrometheusOptions& options) {
   Families f{{}, model_name};
   f.gauge("siesta:num_requests_running", "Number of requests in model execution batches.", s.num_requests_running);
   f.gauge("siesta:num_requests_waiting", "Number of requests waiting to be processed.", s.num_requests_waiting);
@@ -87,6 +128,7 @@ std::string render_prometheus(const EngineMetricsSnapshot& s, const std::string&
   f.histogram("siesta:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
               s.e2e_request_latency);
   f.gauge("siesta:kv_blocks_in_use", "KV-cache blocks referenced by a request or a hold.", s.num_kv_blocks_in_use);
+  add_sleep_state(f, options.state);
   const KvTransferMetrics& kv = s.kv_transfer;
   if (kv.enabled) {
     f.gauge("siesta:kv_blocks_held_for_remote", "KV-cache blocks a prefill engine holds for remote readers.",
@@ -139,6 +181,21 @@ std::string render_prometheus(const EngineMetricsSnapshot& s, const std::string&
               static_cast<double>(kv.peer_handshakes));
     f.gauge("siesta:kv_epoch", "This engine's transfer epoch: bumped by every registration of its KV cache.",
             static_cast<double>(kv.epoch));
+  }
+  if (options.vllm_names) {
+    std::vector<MetricFamily> copies;
+    for (const auto& [ours, theirs] : vllm_aliases()) {
+      for (const MetricFamily& fam : f.all) {
+        if (fam.name != ours) continue;
+        for (const std::string& name : theirs) {
+          MetricFamily c = fam;
+          c.name = name;
+          for (ClientMetric& m : c.metric) m.label.push_back({"engine", "0"});
+          copies.push_back(std::move(c));
+        }
+      }
+    }
+    for (MetricFamily& c : copies) f.all.push_back(std::move(c));
   }
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, f.all);

@@ -13,6 +13,14 @@
 //   siesta:kv_loads_total{outcome}, siesta:kv_load_bytes_total,
 //   siesta:kv_load_seconds, siesta:kv_recomputed_requests_total,
 //   siesta:kv_sends_total{outcome}
+//   siesta:engine_sleep_state{sleep_state="awake|weights_offloaded|discard_all"}
+//     (1 for the engine's state, as vLLM's gauge: awake 0 while asleep,
+//     weights_offloaded 1 at level 1, discard_all 1 at level 2)
+// With vllm_names, the families vLLM's dashboards chart appear a second time
+// under vLLM's names (vllm:num_requests_running, vllm:kv_cache_usage_perc and
+// its older vllm:gpu_cache_usage_perc, vllm:time_to_first_token_seconds,
+// vllm:inter_token_latency_seconds and vllm:time_per_output_token_seconds,
+// ...), with vLLM's engine="0" label.
 // Built from one EngineMetricsSnapshot with prometheus-cpp's serializer.
 // A pure function.
 #pragma once
@@ -20,11 +28,18 @@
 #include <string>
 
 #include "engine/engine_metrics.h"
+#include "engine/engine_state.h"
 
 namespace siesta::server {
 
 inline constexpr const char* kPrometheusContentType = "text/plain; version=0.0.4; charset=utf-8";
 
-std::string render_prometheus(const EngineMetricsSnapshot& metrics, const std::string& model_name);
+struct PrometheusOptions {
+  EngineState state = EngineState::kRunning;  // for siesta:engine_sleep_state
+  bool vllm_names = false;
+};
+
+std::string render_prometheus(const EngineMetricsSnapshot& metrics, const std::string& model_name,
+                              const PrometheusOptions& options = {});
 
 }  // namespace siesta::server

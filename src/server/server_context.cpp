@@ -60,6 +60,11 @@ bool check_model(const ServerContext& ctx, const nlohmann::json& body, httplib::
   return false;
 }
 
+RequestContext request_context(const ServerContext& ctx) {
+  return RequestContext{ctx.engine.tokenizer(), ctx.sampling_defaults, ctx.chat_template.get(), ctx.options.chat,
+                        ctx.engine.limits().max_model_len};
+}
+
 std::string random_id(const char* prefix) {
   thread_local std::mt19937_64 rng(std::random_device{}());
   static constexpr char kHex[] = "0123456789abcdef";

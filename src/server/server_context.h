@@ -15,6 +15,8 @@
 #include "engine/engine.h"
 #include "server/api_error.h"
 #include "server/api_server.h"
+#include "server/chat_template.h"
+#include "server/openai_request.h"
 #include "server/sampling_request.h"
 
 namespace siesta::server {
@@ -25,7 +27,13 @@ struct ServerContext {
   SamplingDefaults sampling_defaults;
   int64_t started_at = 0;               // unix seconds
   std::atomic<bool> stopping{false};    // waiting handlers give up when set
+  // The chat template (loaded at construction; null when it failed, with why).
+  std::shared_ptr<const ChatTemplate> chat_template;
+  std::string chat_template_error;
 };
+
+// What the request parsers need from the server.
+RequestContext request_context(const ServerContext& ctx);
 
 // JSON text; invalid UTF-8 (never expected) is replaced rather than thrown on.
 std::string dump_json(const nlohmann::json& j);

@@ -76,7 +76,7 @@ try:
     before = complete()
     mem_awake = call("/memory")
     for level in (1, 2):
-        call(f"/sleep?level={level}", {}, "POST")
+        call(f"/sleep?level={level}&mode=keep", {}, "POST")
         mem = call("/memory")
         check(f"sleep level {level} reports sleeping", call("/is_sleeping").get("is_sleeping") is True)
         tags = mem["tags"]

@@ -242,7 +242,7 @@ def check_pair(backend, mode, num_requests, faults):
         def sleeps():
             few = specs[:6]
             for who, name in ((pair.d, "D"), (pair.p, "P")):
-                status, body = post_json(who.port, "/sleep?level=1", {})
+                status, body = post_json(who.port, "/sleep?level=1&mode=keep", {})
                 assert status == 200, (name, status, body)
                 status, body = post_json(who.port, "/wake_up", {})
                 assert status == 200, (name, status, body)

@@ -225,8 +225,16 @@ def echo_and_chat_logprobs():
     assert echoed == prompt + plain, (echoed, plain)
     s = collect_stream(stream(PORT, "/v1/completions", dict(base, echo=True, stream=True)))[0]
     assert s["text"] == prompt + plain
-    s, b = request(PORT, "POST", "/v1/completions", dict(base, echo=True, logprobs=1))
-    expect_error(s, b, 400, "echo")
+    # echo with logprobs: the prompt's tokens lead the logprobs (the first without a value), then the
+    # output's, as without echo.
+    lp = post(PORT, "/v1/completions", dict(base, logprobs=1))["choices"][0]["logprobs"]
+    e = post(PORT, "/v1/completions", dict(base, echo=True, logprobs=1))["choices"][0]
+    n = len(golden["prompts"][0]["input_ids"])
+    assert len(e["logprobs"]["tokens"]) == n + 5 and e["logprobs"]["token_logprobs"][0] is None, e["logprobs"]
+    assert e["logprobs"]["top_logprobs"][0] is None and e["text"] == prompt + plain
+    assert e["logprobs"]["tokens"][n:] == lp["tokens"] and e["logprobs"]["token_logprobs"][n:] == lp["token_logprobs"]
+    assert "".join(e["logprobs"]["tokens"]) == e["text"]
+    assert len(e["prompt_logprobs"]) == n and e["prompt_logprobs"][0] is None
     r = post(PORT, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
                                             "temperature": 0, "ignore_eos": True, "logprobs": True,
                                             "top_logprobs": 3})
@@ -337,6 +345,11 @@ def preemption_under_a_tiny_kv_cache_keeps_outputs():
     m = metrics(tiny.port)
     assert metric(m, "siesta:num_preemptions_total") > 0
     assert metric(m, "siesta:num_kv_blocks") == 24
+    # The loop publishes its gauges after the step that answered the last request.
+    deadline = time.time() + 10
+    while metric(m, "siesta:kv_cache_usage_perc") != 0 and time.time() < deadline:
+        time.sleep(0.05)
+        m = metrics(tiny.port)
     assert metric(m, "siesta:kv_cache_usage_perc") == 0
     tiny.stop()
 
@@ -449,7 +462,15 @@ def api_key_is_required_everywhere_but_health():
     keyed = Server("--api-key", "sesame", "--max-model-len", "256")
     good = {"Authorization": "Bearer sesame"}
     assert request(keyed.port, "GET", "/health")[0] == 200
-    for method, path, body in [("GET", "/v1/models", None), ("GET", "/metrics", None),
+    # A Prometheus scraper holds no key; a browser's CORS preflight neither.
+    assert request(keyed.port, "GET", "/metrics")[0] == 200
+    s, _ = request(keyed.port, "OPTIONS", "/v1/chat/completions",
+                   headers={"Origin": "http://x", "Access-Control-Request-Method": "POST"})
+    assert s == 204, s
+    # The scheme in any case, as RFC 7235 reads it.
+    assert request(keyed.port, "GET", "/v1/models", headers={"Authorization": "bearer sesame"})[0] == 200
+    for method, path, body in [("GET", "/v1/models", None), ("GET", f"/v1/models/{MODEL}", None),
+                               ("GET", "/server_info", None),
                                ("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2}),
                                ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
                                ("POST", "/tokenize", {"prompt": "x"}), ("POST", "/detokenize", {"tokens": [1]})]:
@@ -461,6 +482,11 @@ def api_key_is_required_everywhere_but_health():
     assert post(keyed.port, "/v1/completions", {"prompt": "x", "max_tokens": 2}, headers=good)["choices"]
     assert metric(metrics(keyed.port, headers=good), "siesta:request_success_total", finished_reason="length") == 1
     keyed.stop()
+    closed = Server("--api-key", "sesame", "--metrics-require-key")
+    s, b = request(closed.port, "GET", "/metrics")
+    expect_error(s, b, 401, None, "invalid_api_key")
+    assert request(closed.port, "GET", "/metrics", headers=good)[0] == 200
+    closed.stop()
 
 
 # ---- chat -------------------------------------------------------------------------------------------------
@@ -509,18 +535,38 @@ def tokenize_detokenize_and_models():
 # ---- bench serve -----------------------------------------------------------------------------------------
 
 def bench_serve_reports_and_writes_json():
-    out = os.path.join(tmp, "bench.json")
-    rc, stdout, err = run([SIESTA, "bench", "serve", "--url", f"http://127.0.0.1:{PORT}", "--num-prompts", "12",
-                           "--concurrency", "4", "--input-len", "24", "--output-len", "8", "--result-file", out],
+    # vLLM's flags, summary and result JSON.
+    out = os.path.join(tmp, "bench")
+    rc, stdout, err = run([SIESTA, "bench", "serve", "--base-url", f"http://127.0.0.1:{PORT}", "--num-prompts", "12",
+                           "--max-concurrency", "4", "--random-input-len", "24", "--random-output-len", "8",
+                           "--save-result", "--result-dir", out, "--result-filename", "b.json", "--disable-tqdm",
+                           "--metadata", "run=ci"],
                           timeout=120)
     assert rc == 0, err
-    assert "TTFT" in stdout and "ITL" in stdout, stdout
-    j = json.load(open(out))
-    assert j["completed"] == 12 and j["failed"] == 0
-    assert j["total_output_tokens"] == 96
-    for k in ("ttft_ms", "itl_ms", "tpot_ms", "e2el_ms"):
-        assert set(j[k]) == {"mean", "p50", "p90", "p99"} and j[k]["p50"] > 0, (k, j[k])
-    assert j["request_throughput"] > 0 and "cpu" in j["machine"] and j["date"]
+    for line in ("============ Serving Benchmark Result ============", "Successful requests:                     12",
+                 "Maximum request concurrency:             4", "Mean TTFT (ms):", "Median TPOT (ms):",
+                 "P99 ITL (ms):", "Total token throughput (tok/s):"):
+        assert line in stdout, (line, stdout)
+    j = json.load(open(os.path.join(out, "b.json")))
+    assert j["completed"] == 12 and j["failed"] == 0 and j["num_prompts"] == 12 and j["max_concurrency"] == 4
+    assert j["total_output_tokens"] == 96 and j["total_input_tokens"] == 12 * 24 and j["run"] == "ci"
+    for m in ("ttft", "tpot", "itl", "e2el"):
+        for stat in ("mean", "median", "std", "p99"):
+            assert f"{stat}_{m}_ms" in j, (stat, m, sorted(j))
+        assert j[f"median_{m}_ms"] > 0, (m, j[f"median_{m}_ms"])
+    # Tokens that arrive together share a chunk (one gap fewer), as with any server.
+    assert len(j["ttfts"]) == 12 and len(j["itls"]) == 12 and all(1 <= len(x) <= 7 for x in j["itls"])
+    assert j["input_lens"] == [24] * 12 and j["output_lens"] == [8] * 12 and j["errors"] == [""] * 12
+    assert j["duration"] > 0 and j["request_throughput"] > 0 and j["request_rate"] == "inf"
+    assert j["max_concurrent_requests"] <= 4 and "cpu" in j["siesta"]["machine"] and j["date"]
+    # A rate and vLLM's default file name.
+    rc, stdout, err = run([SIESTA, "bench", "serve", "--host", "127.0.0.1", "--port", str(PORT), "--num-prompts", "6",
+                           "--random-input-len", "8", "--random-output-len", "2", "--request-rate", "50",
+                           "--save-result", "--result-dir", out, "--label", "siesta", "--disable-tqdm"], timeout=120)
+    assert rc == 0, err
+    assert "Request rate configured (RPS):           50.00" in stdout, stdout
+    names = [n for n in os.listdir(out) if n.startswith("siesta-50.0qps-tiny-qwen3-")]
+    assert len(names) == 1, os.listdir(out)
 
 
 def server_survived_everything():

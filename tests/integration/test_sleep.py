@@ -12,7 +12,10 @@ the queue of such requests is bounded); repeated calls answer 200 with the
 unchanged state; wrong calls get 4xx and the engine keeps serving; the API
 key; a server without --enable-sleep-mode answers 400; reload_weights from
 another checkpoint of the same shape gives that checkpoint's outputs
-(`siesta generate`), and back.
+(`siesta generate`), and back; vLLM's dev-router answers (empty 200 for
+/sleep and /wake_up, {"status": "paused"}, {"success": ...}, {"results":
+[null]}) and its default sleep mode abort, with siesta's EngineStatus behind
+?verbose=true.
 """
 import http.client
 import json
@@ -117,8 +120,14 @@ srv = None
 procs = []
 
 
+def verbose(path):
+    """The path asking for siesta's EngineStatus answer instead of vLLM's body (admin_handlers.h)."""
+    return path + ("&" if "?" in path else "?") + "verbose=true"
+
+
 def admin(method, path, body=None, expect=200):
-    status, j = request(srv.port, method, path, body, key=API_KEY)
+    """An admin call; POSTs answer siesta's EngineStatus (?verbose=true)."""
+    status, j = request(srv.port, method, verbose(path) if method == "POST" else path, body, key=API_KEY)
     assert status == expect, (method, path, status, j)
     return j
 
@@ -203,7 +212,7 @@ try:
             assert r["weights_loaded"] and r["call"]["weights_loaded_from"] == MODEL, r
         elif reload == "collective_rpc":
             r = admin("POST", "/collective_rpc", {"method": "reload_weights"})
-            assert r["results"][0]["weights_loaded"], r
+            assert r["weights_loaded"], r
         j = admin("POST", "/wake_up?tags=kv_cache")
         assert_state(j, "running")
         return j
@@ -271,18 +280,18 @@ try:
         procs.append(small)
         try:
             def call(method, path):
-                status, j = request(small.port, method, path)
+                status, j = request(small.port, method, verbose(path) if method == "POST" else path)
                 assert status == 200, (path, status, j)
                 return j
             assert outputs(port=small.port) == BASELINE
             for _ in range(5):
-                call("POST", "/sleep?level=1")
+                call("POST", "/sleep?level=1&mode=keep")
                 call("POST", "/wake_up")
             awake = call("GET", "/memory")
             start = time.monotonic()
             for i in range(100):
                 level = 1 if i % 2 == 0 else 2
-                assert call("POST", f"/sleep?level={level}")["state"] == f"sleeping_level_{level}"
+                assert call("POST", f"/sleep?level={level}&mode=keep")["state"] == f"sleeping_level_{level}"
                 assert call("POST", "/wake_up")["state"] == "running"
             took = time.monotonic() - start
             m = call("GET", "/memory")
@@ -384,7 +393,8 @@ try:
         assert_state(admin("POST", "/resume"), "running")
         sleep(1)
         before = memory()["tags"]
-        for path in ("/sleep?level=1", "/sleep?level=0", "/pause?mode=keep", "/release_kv_cache_memory"):
+        for path in ("/sleep?level=1&mode=keep", "/sleep?level=0&mode=keep", "/pause?mode=keep",
+                     "/release_kv_cache_memory"):
             j = admin("POST", path)
             assert_state(j, "sleeping_level_1")
             assert sum(j["call"]["released_bytes"].values()) == 0, (path, j)
@@ -442,7 +452,7 @@ try:
 
     def admin_post_without_body_or_length():
         # `curl -X POST host/sleep?level=1` sends neither a body nor Content-Length.
-        head, body, elapsed = post_without_length(srv.port, "/sleep?level=1",
+        head, body, elapsed = post_without_length(srv.port, "/sleep?level=1&mode=keep&verbose=true",
                                                   b"Authorization: Bearer " + API_KEY.encode() + b"\r\n")
         assert head.startswith(b"HTTP/1.1 200"), (head, body)
         assert elapsed < 2, f"the server waited {elapsed:.1f} s for a body that was never announced"
@@ -494,19 +504,80 @@ try:
         assert outputs() == theirs
         # back, while paused only
         assert_state(admin("POST", "/pause?mode=wait"), "paused")
-        assert admin("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"model": MODEL}})[
-            "results"][0]["weights_dir"] == MODEL
+        assert admin("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": MODEL}})[
+            "weights_dir"] == MODEL
         assert_state(admin("POST", "/resume"), "running")
+        assert outputs() == BASELINE
+
+    def raw(method, path, body=None):
+        """(status, raw body) of one request with the API key."""
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=HTTP_TIMEOUT_S)
+        try:
+            data = json.dumps(body).encode() if body is not None else None
+            headers = {"Authorization": f"Bearer {API_KEY}"}
+            if data is not None:
+                headers["Content-Type"] = "application/json"
+            conn.request(method, path, body=data, headers=headers)
+            r = conn.getresponse()
+            return r.status, r.read()
+        finally:
+            conn.close()
+
+    def vllm_answers_as_its_dev_routers_do():
+        # /sleep and /wake_up: 200 with an empty body; the others vLLM's JSON.
+        assert raw("POST", "/sleep?level=1") == (200, b"")
+        assert admin("GET", "/is_sleeping") == {"is_sleeping": True}
+        assert raw("POST", "/wake_up?tags=weights") == (200, b"")
+        assert raw("POST", "/wake_up") == (200, b"")
+        s = admin("GET", "/is_sleeping?verbose=true")
+        assert s["is_sleeping"] is False and s["state"] == "running" and "call" not in s, s
+        assert admin("GET", "/engine_state")["state"] == "running"
+        status, body = raw("POST", "/pause?mode=keep")
+        assert (status, json.loads(body)) == (200, {"status": "paused"}), body
+        status, body = raw("POST", "/reset_prefix_cache")
+        assert (status, json.loads(body)) == (200, {"success": True}), body
+        status, body = raw("POST", "/resume")
+        assert (status, json.loads(body)) == (200, {"status": "resumed"}), body
+        assert raw("POST", "/sleep?level=2&mode=wait") == (200, b"")
+        assert raw("POST", "/wake_up?tags=weights") == (200, b"")
+        status, body = raw("POST", "/collective_rpc", {"method": "reload_weights", "args": [], "kwargs": {},
+                                                       "timeout": 60})
+        assert (status, json.loads(body)) == (200, {"results": [None]}), body
+        status, body = raw("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"path": MODEL}})
+        assert status == 400 and b"'path' is not supported" in body, body
+        status, body = raw("POST", "/collective_rpc", {"method": "reload_weights", "extra": 1})
+        assert status == 400 and b"'extra' is not a field" in body, body
+        status, body = raw("POST", "/reload_weights", {"weights_path": MODEL, "strict": True})
+        assert status == 400 and b"'strict' is not supported" in body, body
+        assert raw("POST", "/wake_up") == (200, b"")
+        assert outputs() == BASELINE
+
+    def sleep_aborts_running_requests_by_default():
+        # vLLM's default mode: requests running at sleep end (finish_reason "abort"), and the
+        # engine serves the same outputs after wake.
+        got, firsts, errors = [], threading.Event(), []
+        t = threading.Thread(target=stream_tokens, args=(PROMPTS[0], 400, got, firsts, errors))
+        t.start()
+        try:
+            assert firsts.wait(60)
+            assert raw("POST", "/sleep?level=1") == (200, b"")
+            t.join(60)
+            assert not t.is_alive() and not errors, errors
+            assert 0 < len(got) < 400, len(got)
+        finally:
+            t.join(60)
+            assert raw("POST", "/wake_up") == (200, b"")
         assert outputs() == BASELINE
 
     for fn in (awake_memory_is_resident_from_the_pool, twelve_cycles_keep_the_outputs, hundred_cycles_do_not_creep,
                sleep_keep_with_32_streams, request_sent_while_asleep_is_served_after_wake,
                repeated_calls_answer_200_with_the_unchanged_state, wrong_calls_get_4xx_and_the_engine_keeps_serving,
                admin_post_without_body_or_length, admin_needs_the_api_key, without_sleep_mode_admin_answers_400,
-               reload_weights_from_another_checkpoint_and_back):
+               reload_weights_from_another_checkpoint_and_back, vllm_answers_as_its_dev_routers_do,
+               sleep_aborts_running_requests_by_default):
         def settled_then(fn=fn):
             # A check that failed half-way must not leave the next one asleep.
-            status, j = request(srv.port, "POST", "/wake_up", key=API_KEY)
+            status, j = request(srv.port, "POST", "/wake_up?verbose=true", key=API_KEY)
             if status == 200 and j["state"] != "running":
                 request(srv.port, "POST", "/resume", key=API_KEY)
             start = time.monotonic()

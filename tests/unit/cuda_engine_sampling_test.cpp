@@ -5,6 +5,9 @@
 // steps fall back to the host) batched with the rest. The steps really go
 // through the device: a counting wrapper around the model says how many
 // forward_choose calls were made and how many rows came back undecided.
+// Requests whose logits the host adjusts (penalties, logit_bias,
+// allowed_token_ids, bad_words), forced tokens and scored prompts take the
+// host path in the steps they are in, with the same tokens.
 // Skips without a GPU (or a build without CUDA).
 #include <gtest/gtest.h>
 
@@ -90,13 +93,28 @@ std::vector<NewRequest> mixed_requests() {
 
 struct Outcome {
   std::map<RequestId, std::vector<int32_t>> tokens;
+  std::map<RequestId, std::vector<TokenLogprobs>> prompt_logprobs;
   int forwards = 0;
   int chooses = 0;
   int undecided = 0;
 };
 
+// vLLM's logit adjustments, forced tokens and a scored prompt on some of the requests.
+void adjust(std::vector<NewRequest>& reqs) {
+  reqs[2].params.repetition_penalty = 1.4;
+  reqs[3].params.presence_penalty = 1.0;
+  reqs[3].params.frequency_penalty = 0.5;
+  reqs[5].params.logit_bias = {{100, 5.0}, {200, -100.0}};
+  reqs[6].params.bad_words_token_ids = {{300}, {301, 302}};
+  reqs[6].params.prompt_logprobs = 2;
+  reqs[8].params.allowed_token_ids = {40, 41, 42, 43, 44};
+  reqs[9].params.forced_tokens = {7, 8, 9};
+  reqs[10].params.forced_tokens = {11, 12};
+  reqs[10].params.force_after_token = 400;  // hardly ever comes: the device path holds
+}
+
 // One scheduler over the model; choose_on_device as run_step takes it.
-Outcome run(CudaQwen3& model, bool choose_on_device, bool with_logprobs) {
+Outcome run(CudaQwen3& model, bool choose_on_device, bool with_logprobs, bool adjusted = false) {
   CountingModel counting(model);
   const int num_blocks = 256;
   auto kv_buf = model.allocate_kv_cache(num_blocks);
@@ -116,7 +134,9 @@ Outcome run(CudaQwen3& model, bool choose_on_device, bool with_logprobs) {
   Sampler sampler(o.eos_token_ids, RandomGenerator(5));
   ForwardOutput logits;
   Outcome out;
-  for (NewRequest r : mixed_requests()) {
+  std::vector<NewRequest> reqs = mixed_requests();
+  if (adjusted) adjust(reqs);
+  for (NewRequest r : reqs) {
     if (!with_logprobs) r.params.logprobs.reset();
     EXPECT_TRUE((*sched)->add_request(r));
   }
@@ -124,8 +144,10 @@ Outcome run(CudaQwen3& model, bool choose_on_device, bool with_logprobs) {
     auto step = run_step(**sched, counting, kv, sampler, logits, choose_on_device);
     EXPECT_TRUE(step) << step.error().message;
     if (!step) break;
-    for (const RequestOutput& r : *step)
+    for (const RequestOutput& r : *step) {
       for (const SampledToken& t : r.new_tokens) out.tokens[r.request_id].push_back(t.token);
+      if (!r.prompt_logprobs.empty()) out.prompt_logprobs[r.request_id] = r.prompt_logprobs;
+    }
   }
   EXPECT_FALSE((*sched)->has_unfinished());
   out.forwards = counting.forwards;
@@ -176,6 +198,25 @@ TEST_F(CudaEngineSampling, StepsWithLogprobRequestsFallBackToTheHostWithTheSameT
   EXPECT_GT(mixed.chooses, 0);   // steps before it was admitted
   EXPECT_EQ(mixed.forwards + mixed.chooses, host.forwards);
   for (const auto& [id, toks] : host.tokens) EXPECT_EQ(mixed.tokens.at(id), toks) << id;
+}
+
+TEST_F(CudaEngineSampling, AdjustedLogitsForcedTokensAndScoredPromptsTakeTheHostWithTheSameTokens) {
+  const Outcome host = run(*model_, false, false, /*adjusted=*/true);
+  const Outcome mixed = run(*model_, true, false, /*adjusted=*/true);
+  EXPECT_GT(mixed.forwards, 0);  // the steps holding adjusted, forced or scored rows
+  EXPECT_EQ(mixed.forwards + mixed.chooses, host.forwards);
+  for (const auto& [id, toks] : host.tokens) EXPECT_EQ(mixed.tokens.at(id), toks) << id;
+  // The adjustments took effect.
+  EXPECT_EQ(std::vector<int32_t>(host.tokens.at("r9").begin(), host.tokens.at("r9").begin() + 3),
+            (std::vector<int32_t>{7, 8, 9}));
+  for (int32_t t : host.tokens.at("r8")) EXPECT_TRUE(t >= 40 && t <= 44) << t;
+  for (int32_t t : host.tokens.at("r6")) EXPECT_NE(t, 300);
+  ASSERT_EQ(host.prompt_logprobs.count("r6"), 1u);
+  ASSERT_EQ(mixed.prompt_logprobs.count("r6"), 1u);
+  const auto& a = host.prompt_logprobs.at("r6");
+  const auto& b = mixed.prompt_logprobs.at("r6");
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t k = 0; k < a.size(); ++k) EXPECT_EQ(a[k].chosen.logprob, b[k].chosen.logprob) << k;
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // sharing prefixes give the same tokens as each request run alone.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -41,8 +42,10 @@ class CpuEngine {
       auto step = run_step(*sched, *model, kv, sampler, logits);
       EXPECT_TRUE(step) << step.error().message;
       if (!step) break;
-      for (const RequestOutput& o : *step)
+      for (const RequestOutput& o : *step) {
         for (const SampledToken& t : o.new_tokens) out[o.request_id].push_back(t.token);
+        if (!o.prompt_logprobs.empty()) prompt_logprobs[o.request_id] = o.prompt_logprobs;
+      }
     }
     return out;
   }
@@ -54,6 +57,7 @@ class CpuEngine {
   Sampler sampler;
   ForwardOutput logits;
   std::unique_ptr<Scheduler> sched;
+  std::map<RequestId, std::vector<TokenLogprobs>> prompt_logprobs;
 };
 
 std::vector<NewRequest> requests() {
@@ -104,6 +108,96 @@ TEST(EngineOnCpuModel, BatchedChunkedPreemptedAndCachedRequestsMatchRunsAlone) {
   EXPECT_GT(e.sched->stats().num_preemptions, 0u);
   EXPECT_GT(e.pool.stats().prefix_cache_hits, 0u);
   EXPECT_EQ(e.pool.num_free_blocks(), 10);
+}
+
+// Penalties, bias, allowed and bad tokens read only the request's own history:
+// batching, chunking and preemption change nothing they sample.
+std::vector<NewRequest> adjusted_requests() {
+  std::vector<NewRequest> out = requests();
+  for (size_t i = 0; i < out.size(); ++i) {
+    SamplingParams& p = out[i].params;
+    switch (i % 3) {
+      case 0: p.repetition_penalty = 1.3; p.frequency_penalty = 0.4; break;
+      case 1: p.presence_penalty = 1.5; p.logit_bias = {{11, 4.0}, {12, -50.0}}; break;
+      default: p.bad_words_token_ids = {{20}, {21, 22}}; break;
+    }
+  }
+  out[4].params.allowed_token_ids = {30, 31, 32, 33};
+  return out;
+}
+
+TEST(EngineOnCpuModel, AdjustedSamplingIsTheSameBatchedAndAlone) {
+  ThreadPool threads(2);
+  SchedulerOptions roomy;
+  roomy.max_model_len = 256;
+  roomy.max_num_batched_tokens = 512;
+  std::map<RequestId, std::vector<int32_t>> alone, plain;
+  for (const NewRequest& r : adjusted_requests()) {
+    CpuEngine e(64, roomy, threads);
+    alone[r.id] = e.run({r})[r.id];
+    ASSERT_EQ(alone[r.id].size(), 14u) << r.id;
+  }
+  for (const NewRequest& r : requests()) {
+    CpuEngine e(64, roomy, threads);
+    plain[r.id] = e.run({r})[r.id];
+  }
+  // The adjustments took effect.
+  for (int32_t t : alone["r4"]) EXPECT_TRUE(t >= 30 && t <= 33) << t;
+  for (const auto& [id, toks] : alone) EXPECT_EQ(std::count(toks.begin(), toks.end(), 20), 0) << id;
+  // (The penalties' arithmetic is sampler_test's; this model rarely repeats in 14 tokens.)
+  EXPECT_NE(alone["r4"], plain["r4"]);
+
+  SchedulerOptions tight;
+  tight.max_model_len = 128;
+  tight.max_num_batched_tokens = 24;
+  tight.max_num_seqs = 4;
+  CpuEngine e(10, tight, threads);
+  EXPECT_EQ(e.run(adjusted_requests()), alone);
+  EXPECT_GT(e.sched->stats().num_preemptions, 0u);
+}
+
+// prompt_logprobs: every prompt token after the first, as one forward of the
+// whole prompt gives them, whatever the chunks, the preemptions and the
+// prefix cache (which a scored prompt never reads).
+TEST(EngineOnCpuModel, PromptLogprobsEqualTheWholePromptsForward) {
+  ThreadPool threads(2);
+  std::vector<NewRequest> reqs = requests();
+  for (NewRequest& r : reqs) r.params.prompt_logprobs = 2;
+  reqs[1].params.prompt_logprobs.reset();
+
+  SchedulerOptions roomy;
+  roomy.max_model_len = 256;
+  roomy.max_num_batched_tokens = 512;
+  CpuEngine ref(64, roomy, threads);
+  SchedulerOptions tight;
+  tight.max_model_len = 128;
+  tight.max_num_batched_tokens = 24;
+  tight.max_num_seqs = 4;
+  tight.max_prompt_logprob_tokens = 8;
+  CpuEngine e(10, tight, threads);
+  e.run(reqs);
+  EXPECT_GT(e.sched->stats().num_preemptions, 0u);
+  EXPECT_FALSE(e.prompt_logprobs.count("r1"));
+  for (const NewRequest& r : reqs) {
+    if (!r.params.prompt_logprobs) continue;
+    SCOPED_TRACE(r.id);
+    ASSERT_TRUE(e.prompt_logprobs.count(r.id));
+    const std::vector<TokenLogprobs>& got = e.prompt_logprobs[r.id];
+    ASSERT_EQ(got.size(), r.prompt_tokens.size() - 1);
+    std::vector<int32_t> table(16);
+    for (int i = 0; i < 16; ++i) table[i] = i;
+    SequenceChunk whole{r.prompt_tokens, 0, table, /*all_logits=*/true};
+    ForwardOutput out;
+    ASSERT_TRUE(ref.model->forward({&whole, 1}, ref.kv, out));
+    for (size_t k = 0; k < got.size(); ++k) {
+      const TokenLogprobs want = compute_logprobs(out.row(0, k), r.prompt_tokens[k + 1], 2);
+      EXPECT_EQ(got[k].chosen.token, r.prompt_tokens[k + 1]);
+      EXPECT_EQ(got[k].chosen.logprob, want.chosen.logprob) << k;
+      EXPECT_EQ(got[k].chosen.rank, want.chosen.rank) << k;
+      ASSERT_EQ(got[k].top.size(), 2u);
+      EXPECT_EQ(got[k].top[0].token, want.top[0].token) << k;
+    }
+  }
 }
 
 }  // namespace

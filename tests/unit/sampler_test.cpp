@@ -299,6 +299,14 @@ TEST(SamplingParams, OutOfRangeValuesAreRefusedWithTheFieldNamed) {
       {[](SamplingParams& p) { p.logprobs = -1; }, "logprobs"},
       {[](SamplingParams& p) { p.stop = {"ok", ""}; }, "stop"},
       {[](SamplingParams& p) { p.stop_token_ids = {-3}; }, "stop_token_ids"},
+      {[](SamplingParams& p) { p.presence_penalty = 2.5; }, "presence_penalty"},
+      {[](SamplingParams& p) { p.frequency_penalty = -3; }, "frequency_penalty"},
+      {[](SamplingParams& p) { p.repetition_penalty = 0; }, "repetition_penalty"},
+      {[](SamplingParams& p) { p.logit_bias = {{3, 1.0}, {2, 1.0}}; }, "logit_bias"},
+      {[](SamplingParams& p) { p.logit_bias = {{3, 101.0}}; }, "logit_bias"},
+      {[](SamplingParams& p) { p.allowed_token_ids = {4, 4}; }, "allowed_token_ids"},
+      {[](SamplingParams& p) { p.bad_words_token_ids = {{}}; }, "bad_words"},
+      {[](SamplingParams& p) { p.prompt_logprobs = 21; }, "prompt_logprobs"},
   };
   for (const Case& c : cases) {
     SamplingParams p;
@@ -315,6 +323,112 @@ TEST(SamplingParams, OutOfRangeValuesAreRefusedWithTheFieldNamed) {
   ok.logprobs = 20;
   ok.temperature = 0;
   EXPECT_TRUE(ok.validate());
+}
+
+// vLLM's adjustments, each against the formula it defines.
+TEST(Sampler, PenaltiesFollowVllmsDefinitions) {
+  const std::vector<float> logits{2.0f, -1.0f, 0.5f, 1.0f};
+  const std::vector<int32_t> prompt{3};
+  const std::vector<int32_t> output{0, 0, 1};
+  const TokenHistory h{prompt, output};
+  SamplingParams p;
+  p.temperature = 0;
+  Sampler sampler({}, RandomGenerator(1));
+  // No adjustment: token 0 wins.
+  EXPECT_EQ(sampler.sample(logits, p, 3, h).token, 0);
+  // frequency: 2 - 2 * 0.8 = 0.4 < 1.0 (token 3).
+  p.frequency_penalty = 0.8;
+  EXPECT_EQ(sampler.sample(logits, p, 3, h).token, 3);
+  // presence alone (once per seen token): 2 - 0.9 = 1.1 > 1.0.
+  p.frequency_penalty = 0;
+  p.presence_penalty = 0.9;
+  EXPECT_EQ(sampler.sample(logits, p, 3, h).token, 0);
+  p.presence_penalty = 1.1;
+  EXPECT_EQ(sampler.sample(logits, p, 3, h).token, 3);
+  // repetition covers the prompt too: 2/2.5 = 0.8, 1.0/2.5 = 0.4 (token 3 is in the prompt), 0.5 unseen.
+  p.presence_penalty = 0;
+  p.repetition_penalty = 2.5;
+  EXPECT_EQ(sampler.sample(logits, p, 3, h).token, 0);
+  p.repetition_penalty = 5.0;  // 0.4, 0.2, 0.5 unseen -> token 2
+  EXPECT_EQ(sampler.sample(logits, p, 3, h).token, 2);
+  // A negative logit is multiplied: -1 * 5 = -5, never promoted.
+  const std::vector<float> neg{-1.0f, -2.0f};
+  const std::vector<int32_t> out0{0};
+  EXPECT_EQ(sampler.sample(neg, p, 1, TokenHistory{{}, out0}).token, 1);  // -5 < -2
+  // Without a history nothing is penalised (penalties read generated tokens only).
+  EXPECT_EQ(sampler.sample(logits, p, 0, TokenHistory{}).token, 0);
+}
+
+TEST(Sampler, LogitBiasAllowedAndBadTokens) {
+  const std::vector<float> logits{3.0f, 2.0f, 1.0f, 0.0f};
+  SamplingParams p;
+  p.temperature = 0;
+  Sampler sampler({}, RandomGenerator(1));
+  p.logit_bias = {{2, 2.5}};
+  EXPECT_EQ(sampler.sample(logits, p, 0).token, 2);
+  p.logit_bias = {{0, -100.0}};
+  EXPECT_EQ(sampler.sample(logits, p, 0).token, 1);
+  p.logit_bias.clear();
+  p.allowed_token_ids = {1, 3};
+  EXPECT_EQ(sampler.sample(logits, p, 0).token, 1);
+  for (uint64_t s = 0; s < 100; ++s) {
+    SamplingParams r = p;
+    r.temperature = 1;
+    r.seed = s;
+    const int32_t t = sampler.sample(logits, r, 0).token;
+    EXPECT_TRUE(t == 1 || t == 3) << t;
+  }
+  p.allowed_token_ids.clear();
+  // A one-token bad word is always banned; a longer one only after its prefix.
+  p.bad_words_token_ids = {{0}, {2, 1}};
+  EXPECT_EQ(sampler.sample(logits, p, 0).token, 1);
+  const std::vector<int32_t> after2{2};
+  EXPECT_EQ(sampler.sample(logits, p, 1, TokenHistory{{}, after2}).token, 2);  // 1 banned after 2
+  // Logprobs stay those of the raw logits.
+  p.logprobs = 0;
+  const SampledToken t = sampler.sample(logits, p, 0);
+  EXPECT_NEAR(t.logprobs->chosen.logprob, compute_logprobs(logits, 1, 0).chosen.logprob, 1e-12);
+}
+
+TEST(Sampler, ForcedTokensComeFirstOrAfterTheirTrigger) {
+  const std::vector<float> logits{5.0f, 0.0f, 0.0f, 0.0f};
+  SamplingParams p;
+  p.temperature = 0.7;
+  p.seed = 1;
+  p.forced_tokens = {2, 3};
+  Sampler sampler({}, RandomGenerator(1));
+  EXPECT_EQ(sampler.sample(logits, p, 0).token, 2);
+  const std::vector<int32_t> one{2};
+  EXPECT_EQ(sampler.sample(logits, p, 1, TokenHistory{{}, one}).token, 3);
+  p.temperature = 0;
+  const std::vector<int32_t> two{2, 3};
+  EXPECT_EQ(sampler.sample(logits, p, 2, TokenHistory{{}, two}).token, 0);  // then free again
+  p.force_after_token = 1;
+  EXPECT_EQ(sampler.sample(logits, p, 0).token, 0);  // the trigger has not come
+  const std::vector<int32_t> trig{0, 1};
+  EXPECT_EQ(sampler.sample(logits, p, 2, TokenHistory{{}, trig}).token, 2);
+  std::vector<int32_t> banned;
+  EXPECT_FALSE(sampler.device_choice(p, 2, 0.0, banned, TokenHistory{{}, trig}));
+  EXPECT_TRUE(sampler.device_choice(p, 0, 0.0, banned, TokenHistory{}));
+}
+
+TEST(Sampler, AdjustedRowsAreLeftToTheHost) {
+  Sampler sampler({}, RandomGenerator(1));
+  std::vector<int32_t> banned;
+  SamplingParams p;
+  EXPECT_TRUE(sampler.device_choice(p, 0, 0.5, banned));
+  for (auto set :
+       {+[](SamplingParams& q) { q.presence_penalty = 0.1; }, +[](SamplingParams& q) { q.frequency_penalty = 0.1; },
+        +[](SamplingParams& q) { q.repetition_penalty = 1.1; },
+        +[](SamplingParams& q) {
+          q.logit_bias = {{1, 1.0}};
+        },
+        +[](SamplingParams& q) { q.allowed_token_ids = {1}; },
+        +[](SamplingParams& q) { q.bad_words_token_ids = {{1}}; }}) {
+    SamplingParams q;
+    set(q);
+    EXPECT_FALSE(sampler.device_choice(q, 0, 0.5, banned));
+  }
 }
 
 }  // namespace
