@@ -448,8 +448,9 @@ Result<EngineStatus> Engine::pause(PauseMode mode, Deadline deadline, bool clear
 Result<void> Engine::pause_on_loop(PauseMode mode) {
   switch (mode) {
     case PauseMode::kAbort:
-      abort_all(unavailable("the request was aborted: the server was paused or put to sleep with mode=abort; send "
-                            "it again once the server serves"));
+      // vLLM's abort: each request ends with finish_reason "abort" and what it generated so far (an RL
+      // framework resubmits the partial rollout after the weight update).
+      abort_all(std::nullopt);
       SIESTA_TRY(transition(EngineEvent::kPauseNow));
       return {};
     case PauseMode::kKeep: {

@@ -19,6 +19,7 @@ inline constexpr std::string_view kNotFound = "not_found";
 inline constexpr std::string_view kNoInstanceUp = "no_instance_up";
 inline constexpr std::string_view kPrefillFailed = "prefill_failed";
 inline constexpr std::string_view kDecodeFailed = "decode_failed";
+inline constexpr std::string_view kPrefillAborted = "prefill_aborted";
 inline constexpr std::string_view kProxyStopping = "proxy_stopping";
 inline constexpr std::string_view kInternal = "internal_error";
 }  // namespace error_code

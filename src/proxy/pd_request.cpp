@@ -41,6 +41,15 @@ json decode_request_body_sequential(const json& client_body, const json& prefill
   return body;
 }
 
+bool prefill_answer_aborted(const std::string& answer_body) {
+  json answer = json::parse(answer_body, nullptr, /*allow_exceptions=*/false);
+  if (!answer.is_object()) return false;
+  auto choices = answer.find("choices");
+  if (choices == answer.end() || !choices->is_array() || choices->empty() || !(*choices)[0].is_object()) return false;
+  auto reason = (*choices)[0].find("finish_reason");
+  return reason != (*choices)[0].end() && reason->is_string() && reason->get<std::string>() == "abort";
+}
+
 Result<json> prefill_kv_transfer_params(const std::string& answer_body, bool need_address) {
   json answer = json::parse(answer_body, nullptr, /*allow_exceptions=*/false);
   if (answer.is_discarded()) return corrupt("the answer is not JSON");

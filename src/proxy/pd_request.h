@@ -38,6 +38,10 @@ nlohmann::json decode_request_body_sequential(const nlohmann::json& client_body,
 // with a message naming what is wrong when they are missing, not an object,
 // lack do_remote_prefill: true, or (when `need_address`, sequential mode) lack
 // remote_engine_id, remote_block_ids, remote_host or remote_port.
+// Whether P's answer (HTTP 200) says the request was aborted there
+// (choices[0].finish_reason "abort": a pause or sleep with mode=abort).
+bool prefill_answer_aborted(const std::string& answer_body);
+
 Result<nlohmann::json> prefill_kv_transfer_params(const std::string& answer_body, bool need_address);
 
 }  // namespace siesta::proxy

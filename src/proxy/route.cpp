@@ -203,6 +203,16 @@ void serve_generate(const RouteContext& ctx, Endpoint endpoint, const httplib::R
   }
   if (p_head->status != 200)
     return prefill_failed("answered HTTP " + std::to_string(p_head->status) + ": " + excerpt(*p_body));
+  if (prefill_answer_aborted(*p_body)) {
+    // P aborted the request (paused or put to sleep with mode=abort): an
+    // answer, not a failure of P; nothing was generated yet.
+    if (decode_leg) decode_leg->cancel();
+    ctx.metrics->count_prefill_failure();
+    SIESTA_LOG_INFO("proxy: request {}: prefill instance {} aborted it", request_id, p->url.text);
+    return reply_error(res, 503, error_code::kPrefillAborted,
+                       "prefill instance " + p->url.text + " aborted the request (it was paused or put to sleep with "
+                       "mode=abort); send it again");
+  }
   Result<json> params = prefill_kv_transfer_params(*p_body, sequential);
   if (!params) return prefill_failed(params.error().message);
   prefill_leg.reset();
