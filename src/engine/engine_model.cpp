@@ -34,7 +34,7 @@ Result<EngineModel> load_engine_model(const EngineOptions& options, ThreadPool& 
   CpuQwen3* model = cpu->get();
   m.weights_bytes = model->weights_bytes();
   m.scratch_bytes = model->scratch_bytes();
-  m.reload_weights = [model](const std::filesystem::path& dir) { return model->reload_weights(dir); };
+  m.prepare_update = [model](const WeightUpdate& u) { return model->prepare_weight_update(u); };
   m.model = std::move(*cpu);
   return m;
 }

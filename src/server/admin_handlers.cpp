@@ -7,6 +7,7 @@
 
 #include "memory/tag.h"
 #include "server/json_fields.h"
+#include "server/weight_update_request.h"
 
 namespace siesta::server {
 namespace {
@@ -27,6 +28,13 @@ nlohmann::json tag_bytes(const memory::TagBytes& bytes) {
   return out;
 }
 
+nlohmann::json weights_update_json(const WeightUpdateReport& w) {
+  return {{"source", weight_source_name(w.source)}, {"from", w.from},
+          {"tensors", w.tensors},                    {"bytes", w.bytes},
+          {"skipped", w.skipped},                    {"prepare_seconds", w.prepare_seconds},
+          {"write_seconds", w.write_seconds},        {"gb_per_s", w.gb_per_s()}};
+}
+
 nlohmann::json status_json(const EngineStatus& s) {
   nlohmann::json call{{"released_bytes", tag_bytes(s.call.released_bytes)},
                       {"offloaded_bytes", tag_bytes(s.call.offloaded_bytes)},
@@ -36,6 +44,7 @@ nlohmann::json status_json(const EngineStatus& s) {
                       {"seconds", s.call.seconds}};
   call["weights_loaded_from"] =
       s.call.weights_loaded_from.empty() ? nlohmann::json() : nlohmann::json(s.call.weights_loaded_from);
+  if (s.call.weights_update) call["weights_update"] = weights_update_json(*s.call.weights_update);
   if (s.call.kv_transfer) {
     const KvReleaseReport& kv = *s.call.kv_transfer;
     call["kv_transfer"] = {{"loads_ended", kv.loads_ended},   {"sends_ended", kv.sends_ended},
@@ -49,6 +58,8 @@ nlohmann::json status_json(const EngineStatus& s) {
           {"not_resident_tags", tag_list(s.not_resident)},
           {"weights_loaded", s.weights_loaded},
           {"weights_dir", s.weights_dir},
+          {"weights_source", s.weights_source},
+          {"weights_unwritten", s.weights_unwritten},
           {"requests", {{"running", s.running_requests}, {"waiting", s.waiting_requests}, {"held", s.held_requests}}},
           {"call", std::move(call)}};
 }
@@ -288,6 +299,23 @@ void add_admin_routes(httplib::Server& s, ServerContext& ctx) {
       *dir = std::filesystem::path((*args)[0].get<std::string>());
     }
     handle_reload_weights(ctx, req, *dir, res, /*as_rpc=*/true);
+  });
+  // Weights pushed by a trainer (weight_update_request.h): {"updated", "bytes", "seconds"} and the status.
+  post("/update_weights", [&ctx, fail](const httplib::Request& req, const std::string& text, httplib::Response& res) {
+    nlohmann::json body;
+    if (!parse_json_body(text, res, body)) return;
+    auto update = parse_weight_update(body);
+    if (!update) return fail(res, update.error());
+    auto deadline = deadline_param(req);
+    if (!deadline) return fail(res, deadline.error());
+    Result<EngineStatus> r = ctx.engine.update_weights(std::move(*update), *deadline);
+    if (!r) return fail(res, r.error());
+    nlohmann::json out = status_json(*r);
+    const WeightUpdateReport& w = *r->call.weights_update;
+    out["updated"] = w.tensors;
+    out["bytes"] = w.bytes;
+    out["seconds"] = r->call.seconds;
+    send_json(res, 200, out);
   });
   get("/memory", [&ctx](const httplib::Request&, httplib::Response& res) {
     const EngineMemoryReport r = ctx.engine.memory_report(Clock::now() + std::chrono::seconds(10));

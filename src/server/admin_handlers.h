@@ -11,6 +11,8 @@
 //   POST /release_kv_cache_memory                   (after a pause)
 //   POST /reload_weights                            body: none, or {"model": DIR}
 //   POST /collective_rpc                            body: {"method": "reload_weights", "kwargs": {"model": DIR}}
+//   POST /update_weights                            body: weight_update_request.h (shm, cuda_ipc, dir);
+//                                                   answers {"updated": tensors, "bytes", "seconds"} + the status
 //   GET  /memory                                    bytes per tag and state, process RSS, device
 // Every POST answers the engine status it left (engine_status.h as JSON:
 // "state", "is_sleeping", "is_paused", "resident_tags", "not_resident_tags",
