@@ -365,16 +365,19 @@ EngineMemoryReport Engine::memory_report(Deadline deadline) const {
   // The backend belongs to the loop thread; ask it there.
   std::optional<memory::DeviceMemoryInfo> device;
   std::string description;
+  uint64_t pinned = 0;
   auto asked = run_on_loop(
-      [this, &device, &description]() -> Result<void> {
+      [this, &device, &description, &pinned]() -> Result<void> {
         description = memory_->backend().description();
         if (auto info = memory_->backend().memory_info()) device = *info;
+        pinned = memory_->pinned_host_bytes();
         return {};
       },
       deadline);
   if (asked) {
     r.device = device;
     r.backend_description = std::move(description);
+    r.pinned_host_bytes = pinned;
   }
   return r;
 }

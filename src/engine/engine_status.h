@@ -72,6 +72,8 @@ struct EngineMemoryReport {
   memory::BackendKind backend = memory::BackendKind::kHost;
   std::string backend_description;
   std::optional<memory::DeviceMemoryInfo> device;  // where the pool allocates (host: MemAvailable)
+  // Host memory of offloads (copies, kept buffers) that copies reach by direct DMA.
+  uint64_t pinned_host_bytes = 0;
 };
 
 }  // namespace siesta

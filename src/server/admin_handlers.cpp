@@ -67,7 +67,8 @@ nlohmann::json status_json(const EngineStatus& s) {
 nlohmann::json usage_json(const memory::TagUsage& u) {
   return {{"allocations", u.allocations},         {"resident_bytes", u.resident_bytes},
           {"offloaded_bytes", u.offloaded_bytes}, {"released_bytes", u.released_bytes},
-          {"held_by_exports_bytes", u.held_by_exports_bytes}, {"total_bytes", u.total_bytes()}};
+          {"held_by_exports_bytes", u.held_by_exports_bytes}, {"kept_host_bytes", u.kept_host_bytes},
+          {"total_bytes", u.total_bytes()}};
 }
 
 nlohmann::json memory_json(const EngineMemoryReport& r, EngineState state) {
@@ -76,7 +77,8 @@ nlohmann::json memory_json(const EngineMemoryReport& r, EngineState state) {
   nlohmann::json out{{"state", engine_state_name(state)},
                      {"tags", std::move(tags)},
                      {"total", usage_json(r.pool.total())},
-                     {"open_exports", r.pool.open_exports}};
+                     {"open_exports", r.pool.open_exports},
+                     {"pinned_host_bytes", r.pinned_host_bytes}};
   out["process_rss_bytes"] = r.process_resident_bytes ? nlohmann::json(*r.process_resident_bytes) : nlohmann::json();
   nlohmann::json device{{"kind", memory::backend_kind_name(r.backend)}, {"description", r.backend_description}};
   if (r.device) {
