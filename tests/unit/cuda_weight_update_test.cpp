@@ -7,6 +7,7 @@
 // Bad handles and buffers described larger than their allocation are refused
 // with the weights unchanged; the checkpoint read (copy_files) gives the same
 // outputs as the load. Skips without a GPU (or a build without CUDA).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/mman.h>
@@ -212,15 +213,16 @@ TEST(CudaWeightUpdate, ExporterChild) {
 class Exporter {
  public:
   explicit Exporter(const fs::path& dir) {
+    // Close-on-exec pipes: the child keeps only the copies dup2 makes (fds 0 and 3), so
+    // that its closing fd 3 ends the parent's read and the parent's closing its end ends
+    // the child's.
     int to_child[2], from_child[2];
-    EXPECT_EQ(::pipe(to_child), 0);
-    EXPECT_EQ(::pipe(from_child), 0);
+    EXPECT_EQ(::pipe2(to_child, O_CLOEXEC), 0);
+    EXPECT_EQ(::pipe2(from_child, O_CLOEXEC), 0);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, to_child[0], 0);
     posix_spawn_file_actions_adddup2(&fa, from_child[1], 3);
-    posix_spawn_file_actions_addclose(&fa, to_child[1]);
-    posix_spawn_file_actions_addclose(&fa, from_child[0]);
     std::vector<std::string> env_s;
     for (char** e = environ; *e; ++e) env_s.push_back(*e);
     env_s.push_back("SIESTA_IPC_EXPORT=" + dir.string());
