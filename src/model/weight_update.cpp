@@ -1,12 +1,11 @@
 #include "model/weight_update.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <cerrno>
 #include <cstring>
@@ -60,9 +59,12 @@ struct Problems {
 
 const char* weight_source_name(WeightSource source) {
   switch (source) {
-    case WeightSource::kDir: return "dir";
-    case WeightSource::kShm: return "shm";
-    case WeightSource::kCudaIpc: return "cuda_ipc";
+    case WeightSource::kDir:
+      return "dir";
+    case WeightSource::kShm:
+      return "shm";
+    case WeightSource::kCudaIpc:
+      return "cuda_ipc";
   }
   return "unknown";
 }
@@ -71,22 +73,28 @@ Result<WeightSource> parse_weight_source(std::string_view name) {
   if (name == "dir") return WeightSource::kDir;
   if (name == "shm") return WeightSource::kShm;
   if (name == "cuda_ipc") return WeightSource::kCudaIpc;
-  return invalid_argument(fmt::format("weight source '{}' is not one of dir, shm, cuda_ipc", printable(std::string(name))));
+  return invalid_argument(
+      fmt::format("weight source '{}' is not one of dir, shm, cuda_ipc", printable(std::string(name))));
 }
 
 Result<DType> parse_pushed_dtype(std::string_view name) {
   if (name == "bfloat16" || name == "bf16" || name == "torch.bfloat16") return DType::kBF16;
   if (name == "float16" || name == "half" || name == "torch.float16") return DType::kF16;
   if (name == "float32" || name == "float" || name == "torch.float32") return DType::kF32;
-  return invalid_argument(fmt::format("dtype '{}' is not one of bfloat16, float16, float32", printable(std::string(name))));
+  return invalid_argument(
+      fmt::format("dtype '{}' is not one of bfloat16, float16, float32", printable(std::string(name))));
 }
 
 const char* pushed_dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::kBF16: return "bfloat16";
-    case DType::kF16: return "float16";
-    case DType::kF32: return "float32";
-    default: return dtype_name(dtype);
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+    case DType::kF32:
+      return "float32";
+    default:
+      return dtype_name(dtype);
   }
 }
 
@@ -134,9 +142,11 @@ Result<std::vector<int>> check_pushed_tensors(const ModelConfig& cfg, const std:
     }
     out.push_back(spec);
     if (t.shape != *expected)
-      problems.add("mis-shaped", fmt::format("{} ({} given, {} expected)", name, shape_str(t.shape), shape_str(*expected)));
+      problems.add("mis-shaped",
+                   fmt::format("{} ({} given, {} expected)", name, shape_str(t.shape), shape_str(*expected)));
     if (t.dtype != DType::kBF16 && t.dtype != DType::kF16 && t.dtype != DType::kF32) {
-      problems.add("of a dtype other than bfloat16, float16, float32", fmt::format("{} ({})", name, dtype_name(t.dtype)));
+      problems.add("of a dtype other than bfloat16, float16, float32",
+                   fmt::format("{} ({})", name, dtype_name(t.dtype)));
       continue;
     }
     const uint64_t nbytes = pushed_tensor_bytes(t);
@@ -180,16 +190,20 @@ Result<SharedWeightFile> SharedWeightFile::open(const WeightUpdate& u) {
   if (fd >= 0) {
     f.name_ = fmt::format("descriptor {}", fd);
   } else {
-    if (u.path.empty()) return invalid_argument("update_weights (shm): no file: give \"path\" (/dev/shm/NAME, or /proc/PID/fd/N for a memfd)");
+    if (u.path.empty())
+      return invalid_argument(
+          "update_weights (shm): no file: give \"path\" (/dev/shm/NAME, or /proc/PID/fd/N for a memfd)");
     f.name_ = u.path.string();
     fd = ::open(u.path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-      return invalid_argument(fmt::format("update_weights (shm): cannot open {}: {}", printable(f.name_), std::strerror(errno)));
+      return invalid_argument(
+          fmt::format("update_weights (shm): cannot open {}: {}", printable(f.name_), std::strerror(errno)));
     own = true;
   }
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    const std::string why = S_ISREG(st.st_mode) ? std::strerror(errno) : "not a regular file (shared memory or a file)";
+  const bool stated = ::fstat(fd, &st) == 0;
+  if (!stated || !S_ISREG(st.st_mode)) {
+    const std::string why = stated ? "not a regular file (shared memory or a file)" : std::strerror(errno);
     if (own) ::close(fd);
     return invalid_argument(fmt::format("update_weights (shm): {}: {}", printable(f.name_), why));
   }

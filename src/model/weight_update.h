@@ -82,9 +82,9 @@ struct WeightUpdate {
 
 struct WeightUpdateReport {
   WeightSource source = WeightSource::kDir;
-  std::string from;         // the directory or file read; "cuda_ipc: N buffers"
-  int64_t tensors = 0;      // tensors written
-  uint64_t bytes = 0;       // bytes read from the source (before any dtype conversion)
+  std::string from;     // the directory or file read; "cuda_ipc: N buffers"
+  int64_t tensors = 0;  // tensors written
+  uint64_t bytes = 0;   // bytes read from the source (before any dtype conversion)
   // Named and checked, not written: lm_head.weight of a model whose
   // embeddings are tied (its data is embed_tokens', which PyTorch's
   // state_dict lists under both names).

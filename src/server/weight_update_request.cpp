@@ -63,7 +63,8 @@ Result<PushedTensor> parse_tensor(const json& t, size_t i, bool ipc) {
     out.shape.push_back(static_cast<int64_t>(dim));
   }
   auto offset = t.find("offset");
-  if (offset == t.end()) return invalid_argument("'" + at + ".offset' is required (bytes from the start of its source)");
+  if (offset == t.end())
+    return invalid_argument("'" + at + ".offset' is required (bytes from the start of its source)");
   SIESTA_ASSIGN_OR_RETURN(out.offset, non_negative(*offset, at + ".offset"));
   if (ipc) {
     auto buffer = t.find("buffer");
@@ -89,13 +90,15 @@ Result<CudaIpcBuffer> parse_buffer(const json& b, size_t i) {
   if (h.size() == kTorchHandleBytes && h[1] == 'c') {
     h = h.substr(2);  // PyTorch's form: the cudaIpcMemHandle_t follows its two bytes
   } else if (h.size() == kTorchHandleBytes && h[1] == 'e') {
-    return invalid_argument("'" + at + ".handle' is PyTorch's handle of an expandable segment, which is no "
-                            "cudaIpcMemHandle_t; run the trainer without PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
+    return invalid_argument(
+        "'" + at +
+        ".handle' is PyTorch's handle of an expandable segment, which is no "
+        "cudaIpcMemHandle_t; run the trainer without PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
   }
   if (h.size() != kCudaIpcHandleBytes)
     return invalid_argument("'" + at + ".handle' decodes to " + std::to_string(h.size()) + " bytes; a " +
-                            "cudaIpcMemHandle_t has " + std::to_string(kCudaIpcHandleBytes) + " (PyTorch's shared handle " +
-                            std::to_string(kTorchHandleBytes) + ")");
+                            "cudaIpcMemHandle_t has " + std::to_string(kCudaIpcHandleBytes) +
+                            " (PyTorch's shared handle " + std::to_string(kTorchHandleBytes) + ")");
   std::memcpy(out.handle.data(), h.data(), kCudaIpcHandleBytes);
   auto bytes = b.find("bytes");
   if (bytes == b.end()) return invalid_argument("'" + at + ".bytes' is required (the buffer's size in bytes)");
@@ -146,8 +149,9 @@ Result<WeightUpdate> parse_weight_update(const json& body) {
   if (source == body.end() || source->is_null()) {
     // vLLM's forms of a directory: {"weights_path": DIR} / {"model": DIR}.
     if (!body.contains("model") && !body.contains("weights_path"))
-      return invalid_argument("'source' is required: \"shm\" (host shared memory), \"cuda_ipc\" (CUDA IPC handles) or "
-                              "\"dir\" (a checkpoint directory)");
+      return invalid_argument(
+          "'source' is required: \"shm\" (host shared memory), \"cuda_ipc\" (CUDA IPC handles) or "
+          "\"dir\" (a checkpoint directory)");
     u.source = WeightSource::kDir;
   } else {
     if (!source->is_string()) return invalid_argument("'source' must be a string: shm, cuda_ipc or dir");
@@ -171,12 +175,14 @@ Result<WeightUpdate> parse_weight_update(const json& body) {
     case WeightSource::kShm: {
       SIESTA_TRY(only_fields(body, {"source", "path", "fd", "tensors", "complete"}, ""));
       if (body.contains("fd"))
-        return invalid_argument("'fd' names a descriptor of this process, which an HTTP client cannot give; name a "
-                                "memfd by its path instead: \"path\": \"/proc/<pid>/fd/<n>\"");
+        return invalid_argument(
+            "'fd' names a descriptor of this process, which an HTTP client cannot give; name a "
+            "memfd by its path instead: \"path\": \"/proc/<pid>/fd/<n>\"");
       SIESTA_ASSIGN_OR_RETURN(std::optional<std::string> path, read_string(body, "path"));
       if (!path || path->empty())
-        return invalid_argument("'path' is required: the shared memory file (/dev/shm/NAME, or /proc/<pid>/fd/<n> "
-                                "for a memfd)");
+        return invalid_argument(
+            "'path' is required: the shared memory file (/dev/shm/NAME, or /proc/<pid>/fd/<n> "
+            "for a memfd)");
       u.path = *path;
       break;
     }

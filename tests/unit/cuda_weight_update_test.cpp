@@ -14,12 +14,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -70,8 +69,10 @@ EngineOptions cuda_options(const fs::path& dir = kTiny) {
 std::unique_ptr<Engine> make_engine_or_skip(const EngineOptions& o, std::string& skip) {
   auto e = Engine::create(o);
   if (!e) {
-    if (e.error().code == ErrorCode::kUnavailable) skip = e.error().message;
-    else ADD_FAILURE() << e.error().message;
+    if (e.error().code == ErrorCode::kUnavailable)
+      skip = e.error().message;
+    else
+      ADD_FAILURE() << e.error().message;
     return nullptr;
   }
   return std::move(*e);
@@ -191,9 +192,9 @@ TEST(CudaWeightUpdate, ExporterChild) {
   ASSERT_EQ(cudaMalloc(&buf, kBufferOffset + at), cudaSuccess);
   nlohmann::json tensors = nlohmann::json::array();
   for (const auto& [v, off] : placed) {
-    ASSERT_EQ(cudaMemcpy(static_cast<std::byte*>(buf) + kBufferOffset + off, v->data, v->nbytes,
-                         cudaMemcpyHostToDevice),
-              cudaSuccess);
+    ASSERT_EQ(
+        cudaMemcpy(static_cast<std::byte*>(buf) + kBufferOffset + off, v->data, v->nbytes, cudaMemcpyHostToDevice),
+        cudaSuccess);
     tensors.push_back({{"name", v->name}, {"dtype", static_cast<int>(v->dtype)}, {"shape", v->shape}, {"offset", off}});
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

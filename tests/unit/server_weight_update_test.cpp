@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
-
 #include <string>
 
 #include "server/weight_update_request.h"
@@ -84,8 +83,14 @@ TEST(ServerWeightUpdate, ShmBody) {
 TEST(ServerWeightUpdate, CudaIpcBodyTakesPlainAndPyTorchHandles) {
   const std::string h = handle_bytes();
   json body = {{"source", "cuda_ipc"},
-               {"buffers", {{{"handle", base64(h)}, {"bytes", 1 << 20}},
-                            {{"handle", base64(std::string("\x01" "c", 2) + h)}, {"bytes", 4096}, {"offset", 512}}}},
+               {"buffers",
+                {{{"handle", base64(h)}, {"bytes", 1 << 20}},
+                 {{"handle", base64(std::string("\x01"
+                                                "c",
+                                                2) +
+                                    h)},
+                  {"bytes", 4096},
+                  {"offset", 512}}}},
                {"tensors", {{{"name", "a"}, {"dtype", "float16"}, {"shape", {2, 3}}, {"buffer", 1}, {"offset", 8}}}}};
   auto u = parse_weight_update(body);
   ASSERT_TRUE(u) << u.error().message;
@@ -100,7 +105,10 @@ TEST(ServerWeightUpdate, CudaIpcBodyTakesPlainAndPyTorchHandles) {
   EXPECT_EQ(u->tensors[0].buffer, 1u);
   EXPECT_EQ(u->tensors[0].dtype, DType::kF16);
 
-  body["buffers"][1]["handle"] = base64(std::string("\x01" "e", 2) + h);
+  body["buffers"][1]["handle"] = base64(std::string("\x01"
+                                                    "e",
+                                                    2) +
+                                        h);
   EXPECT_NE(error_of(body).find("expandable"), std::string::npos);
   body["buffers"][1]["handle"] = base64(h.substr(0, 60));
   EXPECT_NE(error_of(body).find("60 bytes"), std::string::npos);

@@ -4,6 +4,8 @@
 // /proc/PID/fd, whole and chunked pushes in every dtype, after a pause and
 // after a level-2 sleep with a weights-only wake, the prefix cache emptied,
 // and the outputs compared with a fresh engine started on the same weights.
+#include "model/weight_update.h"
+
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -19,7 +21,6 @@
 #include "engine/random.h"
 #include "model/make_model.h"
 #include "model/safetensors.h"
-#include "model/weight_update.h"
 #include "temp_dir.h"
 
 namespace siesta {
@@ -170,10 +171,10 @@ TEST(CheckPushedTensors, NamesEveryTensorAtFaultByKind) {
   u.complete = true;
   u.tensors = {
       {"model.layers.0.mlp.up_proj.weight", DType::kBF16, {768, 256}, 0, 0},
-      {"model.layers.0.mlp.up_proj.weight", DType::kBF16, {768, 256}, 0, 0},     // twice
-      {"model.layers.9.mlp.up_proj.weight", DType::kBF16, {768, 256}, 0, 0},     // unknown
-      {"model.norm.weight", DType::kBF16, {255}, 0, 0},                          // mis-shaped
-      {"model.layers.1.input_layernorm.weight", DType::kI32, {256}, 0, 0},       // dtype
+      {"model.layers.0.mlp.up_proj.weight", DType::kBF16, {768, 256}, 0, 0},         // twice
+      {"model.layers.9.mlp.up_proj.weight", DType::kBF16, {768, 256}, 0, 0},         // unknown
+      {"model.norm.weight", DType::kBF16, {255}, 0, 0},                              // mis-shaped
+      {"model.layers.1.input_layernorm.weight", DType::kI32, {256}, 0, 0},           // dtype
       {"model.layers.1.post_attention_layernorm.weight", DType::kF32, {256}, 0, 2},  // misaligned
       {"model.layers.2.input_layernorm.weight", DType::kBF16, {256}, 0, 1u << 30},   // past the end
   };
@@ -182,13 +183,12 @@ TEST(CheckPushedTensors, NamesEveryTensorAtFaultByKind) {
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument);
   const std::string& m = r.error().message;
-  for (const char* want : {"named twice: model.layers.0.mlp.up_proj.weight",
-                           "unknown to this model: model.layers.9.mlp.up_proj.weight",
-                           "mis-shaped: model.norm.weight ([255] given, [256] expected)",
-                           "model.layers.1.input_layernorm.weight (I32)",
-                           "not a multiple of the element size: model.layers.1.post_attention_layernorm.weight",
-                           "past the end of their source: model.layers.2.input_layernorm.weight", "missing",
-                           "model.embed_tokens.weight", "the weights are unchanged"})
+  for (const char* want :
+       {"named twice: model.layers.0.mlp.up_proj.weight", "unknown to this model: model.layers.9.mlp.up_proj.weight",
+        "mis-shaped: model.norm.weight ([255] given, [256] expected)", "model.layers.1.input_layernorm.weight (I32)",
+        "not a multiple of the element size: model.layers.1.post_attention_layernorm.weight",
+        "past the end of their source: model.layers.2.input_layernorm.weight", "missing", "model.embed_tokens.weight",
+        "the weights are unchanged"})
     EXPECT_NE(m.find(want), std::string::npos) << "no '" << want << "' in: " << m;
 }
 

@@ -42,7 +42,8 @@ Result<IpcWeightBuffers> IpcWeightBuffers::open(std::span<const CudaIpcBuffer> b
                           rt_error(e));
   const PFN_cuMemGetAddressRange_v3020 range = address_range_fn();
   if (range == nullptr)
-    return unavailable("update_weights (cuda_ipc): the CUDA driver lacks cuMemGetAddressRange; update the NVIDIA driver");
+    return unavailable(
+        "update_weights (cuda_ipc): the CUDA driver lacks cuMemGetAddressRange; update the NVIDIA driver");
   // Distinct handles: the bytes of each, and where it was opened.
   std::map<std::string, std::pair<std::byte*, uint64_t>> by_handle;
   for (size_t i = 0; i < buffers.size(); ++i) {
@@ -58,8 +59,7 @@ Result<IpcWeightBuffers> IpcWeightBuffers::open(std::span<const CudaIpcBuffer> b
       if (e != cudaSuccess) {
         (void)cudaGetLastError();  // not sticky: clear it
         return invalid_argument(
-            "update_weights (cuda_ipc): buffer " + std::to_string(i) + ": cudaIpcOpenMemHandle failed: " +
-            rt_error(e) +
+            "update_weights (cuda_ipc): buffer " + std::to_string(i) + ": cudaIpcOpenMemHandle failed: " + rt_error(e) +
             "; the handle must be a cudaIpcMemHandle_t from cudaIpcGetMemHandle (PyTorch: "
             "tensor.untyped_storage()._share_cuda_()) of memory on this GPU in another, still running, process; the "
             "weights are unchanged");
@@ -67,13 +67,13 @@ Result<IpcWeightBuffers> IpcWeightBuffers::open(std::span<const CudaIpcBuffer> b
       out.opened_.push_back(p);
       CUdeviceptr base = 0;
       size_t size = 0;
-      if (CUresult r = range(&base, &size, static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p)));
-          r != CUDA_SUCCESS)
+      if (CUresult r = range(&base, &size, static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p))); r != CUDA_SUCCESS)
         return invalid_argument("update_weights (cuda_ipc): buffer " + std::to_string(i) +
                                 ": the size of its allocation could not be read (cuMemGetAddressRange error " +
                                 std::to_string(static_cast<int>(r)) + "); the weights are unchanged");
       // The opened address is the allocation's start; what lies before it is not ours to read.
-      const uint64_t usable = static_cast<uint64_t>(base + size - static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p)));
+      const uint64_t usable =
+          static_cast<uint64_t>(base + size - static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(p)));
       it = by_handle.emplace(key, std::make_pair(static_cast<std::byte*>(p), usable)).first;
     }
     const auto [start, allocation_bytes] = it->second;
