@@ -16,7 +16,17 @@
 // tokens. Device memory (cuMemGetInfo; host: MemAvailable) is read awake,
 // asleep and after wake. The limits measured in the same run: host<->device
 // copy bandwidth through pinned memory (cuMemcpy, what an offload can reach)
-// and the time to pin host memory. Prints one table; --out writes JSON.
+// and the time to pin host memory. From them and the level-2 cycles (which
+// only unmap and map):
+//   level 1 sleep limit = weights / pinned D->H bandwidth + level-2 sleep (unmapping)
+//   level 1 wake limit  = weights / pinned H->D bandwidth + level-2 wake_up(weights) + wake_up(kv_cache) (mapping)
+//   reload limit        = checkpoint bytes / pinned H->D bandwidth
+// each cycle's time against its limit (the goals: sleep and wake <= 1.3x,
+// reload at >= 50% of the bandwidth). The first level-1 sleep allocates the
+// host buffer the weights go to (the engine keeps it, pinned in the
+// background: EngineOptions::keep_offload_buffers); after it the benchmark
+// waits (--settle-s) until the buffer is pinned, and reports the first cycle
+// apart. Prints one table; --out writes JSON.
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -30,6 +40,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -62,6 +73,8 @@ struct Options {
   int max_tokens = 32;
   double utilization = kDefaultGpuMemoryUtilization;
   bool batch_invariant = false;
+  bool keep_offload_buffers = true;
+  double settle_s = 120;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -69,6 +82,7 @@ struct Options {
                "engine_sleep_bench: %s\n"
                "usage: engine_sleep_bench --model DIR [--device cuda|cpu] [--levels 1,2] [--repeat N] [--prompts N] "
                "[--max-tokens N] [--gpu-memory-utilization F] [--kv-cache-memory-bytes N] [--batch-invariant] "
+               "[--no-keep-offload-buffers] [--settle-s S] "
                "[--shape NAME] [--out FILE.json] [--commit SHA] [--log-level LEVEL]\n",
                why.c_str());
   std::exit(2);
@@ -94,6 +108,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--gpu-memory-utilization") o.utilization = std::atof(next().c_str());
     else if (a == "--kv-cache-memory-bytes") o.kv_bytes = next();
     else if (a == "--batch-invariant") o.batch_invariant = true;
+    else if (a == "--no-keep-offload-buffers") o.keep_offload_buffers = false;
+    else if (a == "--settle-s") o.settle_s = std::atof(next().c_str());
     else if (a == "--shape") o.shape = next();
     else if (a == "--out") o.out = next();
     else if (a == "--commit") o.commit = next();
@@ -222,6 +238,10 @@ nlohmann::json measure_copy_limit(uint64_t bytes) {
 
 struct Cycle {
   int level = 0;
+  bool first = false;          // level 1: the sleep that allocated the host buffer
+  uint64_t pinned_at_sleep = 0;  // host bytes of the offload reachable by direct DMA when the sleep began
+  double reload_gb_per_s = 0;  // level 2: the checkpoint's bytes / reload_weights' write time
+  uint64_t reload_bytes = 0;
   double sleep_ms = 0, wake_ms = 0;
   double wake_weights_ms = 0, reload_ms = 0, wake_rest_ms = 0;  // level 2
   double offload_bytes = 0, released_bytes = 0;
@@ -243,6 +263,7 @@ int main(int argc, char** argv) {
   eo.seed = 1;
   eo.gpu_memory_utilization = opt.utilization;
   eo.batch_invariant = opt.batch_invariant;
+  eo.keep_offload_buffers = opt.keep_offload_buffers;
   eo.max_num_seqs = std::max(opt.prompts, 16);
   if (!opt.kv_bytes.empty()) eo.kv_cache_memory_bytes = static_cast<uint64_t>(std::strtod(opt.kv_bytes.c_str(), nullptr));
   const bool cuda = eo.device == Device::kCuda;
@@ -272,10 +293,14 @@ int main(int argc, char** argv) {
                opt.max_tokens, baseline.ms, gib(awake.used()), gib(awake.total));
 
   std::vector<Cycle> cycles;
+  double settle_ms = 0;
+  bool first_level1 = true;
   for (int level : opt.levels) {
     for (int r = 0; r < opt.repeat; ++r) {
       Cycle c;
       c.level = level;
+      c.first = level == 1 && first_level1;
+      c.pinned_at_sleep = e.memory_report(later()).pinned_host_bytes;
       t = Clock::now();
       EngineStatus s = check(e.sleep(level, PauseMode::kKeep, later()), fmt::format("sleep level {}", level));
       c.sleep_ms = ms_since(t);
@@ -291,8 +316,12 @@ int main(int argc, char** argv) {
         check(e.wake_up(TagSet{Tag::kWeights}, later()), "wake_up(weights) after level 2");
         c.wake_weights_ms = ms_since(t);
         t = Clock::now();
-        check(e.reload_weights(std::nullopt, later()), "reload_weights after level 2");
+        EngineStatus rs = check(e.reload_weights(std::nullopt, later()), "reload_weights after level 2");
         c.reload_ms = ms_since(t);
+        if (rs.call.weights_update) {
+          c.reload_gb_per_s = rs.call.weights_update->gb_per_s();
+          c.reload_bytes = rs.call.weights_update->bytes;
+        }
         t = Clock::now();
         check(e.wake_up(TagSet{Tag::kKvCache, Tag::kScratch}, later()), "wake_up(kv_cache) after level 2");
         c.wake_rest_ms = ms_since(t);
@@ -307,6 +336,21 @@ int main(int argc, char** argv) {
                    level, r + 1, c.sleep_ms, c.wake_ms, gib(c.asleep.used()), gib(c.after.used()),
                    c.identical ? "outputs identical" : "OUTPUTS DIFFER");
       cycles.push_back(c);
+      if (c.first) first_level1 = false;
+      if (c.first && opt.keep_offload_buffers) {
+        // The kept host buffer is pinned in the background: wait for it, so
+        // that the later cycles show what a settled engine does.
+        const auto t0 = Clock::now();
+        const auto until = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opt.settle_s));
+        for (;;) {
+          const EngineMemoryReport m = e.memory_report(later());
+          const uint64_t kept = m.pool[Tag::kWeights].kept_host_bytes;
+          if (kept == 0 || m.pinned_host_bytes >= kept || Clock::now() >= until) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+        settle_ms = ms_since(t0);
+        std::fprintf(stderr, "  kept offload buffer pinned after %.0f ms\n", settle_ms);
+      }
     }
   }
 
@@ -346,7 +390,11 @@ int main(int argc, char** argv) {
                         {"device_freed_bytes", static_cast<int64_t>(c.asleep.free) - static_cast<int64_t>(awake.free)},
                         {"device_used_after_bytes", c.after.used()},
                         {"outputs_identical", c.identical}};
+    j["first_level1"] = c.first;
+    j["pinned_host_bytes_at_sleep"] = c.pinned_at_sleep;
     if (c.level == 2) {
+      j["reload_gb_per_s"] = c.reload_gb_per_s;
+      j["reload_bytes"] = c.reload_bytes;
       j["wake_weights_ms"] = c.wake_weights_ms;
       j["reload_weights_ms"] = c.reload_ms;
       j["wake_kv_cache_ms"] = c.wake_rest_ms;
@@ -357,6 +405,47 @@ int main(int argc, char** argv) {
   nlohmann::json summary = nlohmann::json::object();
   for (auto& [level, v] : sleep_ms)
     summary[fmt::format("level_{}", level)] = {{"sleep_ms_median", median(v)}, {"wake_ms_median", median(wake_ms[level])}};
+  // Each figure against its limit, measured in this run (see the header).
+  nlohmann::json limits = nlohmann::json::object();
+  if (limit.contains("to_host_gb_per_s")) {
+    const double to_ms = static_cast<double>(weights) / 1e6 / limit["to_host_gb_per_s"].get<double>();
+    const double from_ms = static_cast<double>(weights) / 1e6 / limit["from_host_gb_per_s"].get<double>();
+    std::vector<double> unmap, map, l1_sleep, l1_wake, reload_gbs, l1_first_sleep, l1_first_wake;
+    for (const Cycle& c : cycles) {
+      if (c.level == 2) {
+        unmap.push_back(c.sleep_ms);
+        map.push_back(c.wake_weights_ms + c.wake_rest_ms);
+        if (c.reload_gb_per_s > 0) reload_gbs.push_back(c.reload_gb_per_s);
+      } else if (c.first) {
+        l1_first_sleep.push_back(c.sleep_ms);
+        l1_first_wake.push_back(c.wake_ms);
+      } else {
+        l1_sleep.push_back(c.sleep_ms);
+        l1_wake.push_back(c.wake_ms);
+      }
+    }
+    auto row = [&](const char* name, double measured, double lim, double goal, const char* how) {
+      const double ratio = lim > 0 ? measured / lim : 0;
+      limits[name] = {{"measured", measured}, {"limit", lim}, {"ratio", ratio}, {"goal_ratio", goal}, {"limit_is", how}};
+      std::printf("%-22s %10.1f %10.1f %7.2f %6.2f  %s\n", name, measured, lim, ratio, goal, how);
+    };
+    std::printf("%-22s %10s %10s %7s %6s  %s\n", "figure", "measured", "limit", "ratio", "goal", "limit measured as");
+    if (!unmap.empty() && (!l1_sleep.empty() || !l1_first_sleep.empty())) {
+      const double lim_sleep = to_ms + median(unmap), lim_wake = from_ms + median(map);
+      if (!l1_sleep.empty()) {
+        row("level1_sleep_ms", median(l1_sleep), lim_sleep, 1.3, "weights at pinned D->H + level-2 sleep (unmap)");
+        row("level1_wake_ms", median(l1_wake), lim_wake, 1.3, "weights at pinned H->D + level-2 wakes (map)");
+      }
+      if (!l1_first_sleep.empty()) {
+        row("level1_first_sleep_ms", l1_first_sleep[0], lim_sleep, 0, "the same; this sleep allocates the host buffer");
+        row("level1_first_wake_ms", l1_first_wake[0], lim_wake, 0, "the same");
+      }
+    }
+    if (!reload_gbs.empty())
+      row("reload_gb_per_s", median(reload_gbs), limit["from_host_gb_per_s"].get<double>(), 0.5,
+          "pinned H->D bandwidth (ratio: >= goal)");
+    limits["settle_ms"] = settle_ms;
+  }
   std::printf("outputs after every wake identical to before the first sleep: %s\n", all_identical ? "yes" : "NO");
 
   if (!opt.out.empty()) {
@@ -383,6 +472,8 @@ int main(int argc, char** argv) {
                      {"baseline_ms", baseline.ms}}},
         {"device_memory_awake", {{"used_bytes", awake.used()}, {"total_bytes", awake.total}}},
         {"limit", limit},
+        {"limits", limits},
+        {"keep_offload_buffers", opt.keep_offload_buffers},
         {"repeat", opt.repeat},
         {"cycles", jc},
         {"summary", summary},

@@ -119,12 +119,12 @@ Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options, std
       return ok.error().with_context("registering the KV cache for P/D transfers");
   }
   return std::unique_ptr<Engine>(new Engine(sized, limits, std::move(*tok), std::move(threads), std::move(memory),
-                                            std::move(model), std::move(loaded.reload_weights), std::move(kv),
+                                            std::move(model), std::move(loaded.prepare_update), std::move(kv),
                                             std::move(pool), std::move(scheduler), std::move(connector)));
 }
 
 Engine::Engine(EngineOptions options, EngineLimits limits, Tokenizer tokenizer, std::unique_ptr<ThreadPool> threads,
-               std::unique_ptr<memory::MemoryPool> memory, std::unique_ptr<Model> model, WeightsLoader load_weights,
+               std::unique_ptr<memory::MemoryPool> memory, std::unique_ptr<Model> model, WeightsPreparer prepare_weights,
                KvCacheMemory kv, std::unique_ptr<BlockPool> pool, std::unique_ptr<Scheduler> scheduler,
                std::unique_ptr<KvConnector> connector)
     : options_(std::move(options)),
@@ -133,7 +133,8 @@ Engine::Engine(EngineOptions options, EngineLimits limits, Tokenizer tokenizer, 
       threads_(std::move(threads)),
       memory_(std::move(memory)),
       model_(std::move(model)),
-      load_weights_(std::move(load_weights)),
+      prepare_weights_(std::move(prepare_weights)),
+      num_weight_tensors_(updatable_tensors(model_->config()).size()),
       kv_(std::move(kv)),
       pool_(std::move(pool)),
       scheduler_(std::move(scheduler)),
@@ -147,7 +148,8 @@ Engine::Engine(EngineOptions options, EngineLimits limits, Tokenizer tokenizer, 
       connector_(std::move(connector)),
       inbox_(std::make_shared<EngineInbox>()),
       kv_registered_(connector_ != nullptr),
-      weights_dir_(options_.model_dir) {
+      weights_dir_(options_.model_dir),
+      weights_written_(num_weight_tensors_, false) {
   publish_metrics();
   if (connector_)
     connector_->set_progress_callback([inbox = std::weak_ptr<EngineInbox>(inbox_)] {
@@ -356,6 +358,9 @@ EngineStatus Engine::status() const {
     std::lock_guard<std::mutex> lock(weights_mu_);
     s.weights_loaded = weights_loaded_;
     s.weights_dir = weights_dir_.string();
+    s.weights_source = weight_source_name(weights_source_);
+    if (!weights_loaded_)
+      for (bool w : weights_written_) s.weights_unwritten += w ? 0 : 1;
   }
   {
     std::lock_guard<std::mutex> lock(inbox_->mu);
@@ -375,16 +380,19 @@ EngineMemoryReport Engine::memory_report(Deadline deadline) const {
   // The backend belongs to the loop thread; ask it there.
   std::optional<memory::DeviceMemoryInfo> device;
   std::string description;
+  uint64_t pinned = 0;
   auto asked = run_on_loop(
-      [this, &device, &description]() -> Result<void> {
+      [this, &device, &description, &pinned]() -> Result<void> {
         description = memory_->backend().description();
         if (auto info = memory_->backend().memory_info()) device = *info;
+        pinned = memory_->pinned_host_bytes();
         return {};
       },
       deadline);
   if (asked) {
     r.device = device;
     r.backend_description = std::move(description);
+    r.pinned_host_bytes = pinned;
   }
   return r;
 }
@@ -641,18 +649,38 @@ Result<void> Engine::wake_on_loop(memory::TagSet tags, EngineCallReport& report)
     return {};
   }
   bool weights_loaded = false;
+  bool pushed = false;
+  int32_t written = 0;
   std::filesystem::path dir;
   {
     std::lock_guard<std::mutex> lock(weights_mu_);
     weights_loaded = weights_loaded_;
+    pushed = weights_pushed_;
+    for (bool w : weights_written_) written += w ? 1 : 0;
     dir = weights_dir_;
+  }
+  if (!weights_loaded && (pushed || written > 0)) {
+    // Reading the old checkpoint now would serve weights nobody asked for:
+    // the pushed tensors (or the ones pushed before the release) are not in it.
+    (void)transition(EngineEvent::kWakePartial);
+    const int32_t missing = static_cast<int32_t>(num_weight_tensors_) - written;
+    return conflict(
+        "wake_up: every tag is resident, but the weights are incomplete: " + std::to_string(missing) + " of " +
+        std::to_string(num_weight_tensors_) + " tensors were not written since the sleep that released them" +
+        (written > 0 ? "" : ", and they held pushed tensors (update_weights), which " + dir.string() + " does not hold") +
+        "; push the rest (POST /update_weights, or with \"complete\": true) or read a checkpoint (POST "
+        "/reload_weights), then wake_up again");
   }
   if (!weights_loaded) {
     // Level 2 left the weights zero and no reload_weights came: read the
     // checkpoint they held, so the engine never serves from empty weights.
     SIESTA_LOG_INFO("engine: wake_up: the weights hold no checkpoint since sleep level 2; reading {} again",
                     dir.string());
-    if (auto ok = reload_on_loop(dir, report); !ok) {
+    WeightUpdate again;
+    again.source = WeightSource::kDir;
+    again.path = dir;
+    if (auto ok = update_on_loop(again, "wake_up", /*reset_kv=*/false, Clock::now() + std::chrono::minutes(10), report);
+        !ok) {
       (void)transition(EngineEvent::kWakePartial);
       return ok.error().with_context("wake_up: every tag is resident but the weights could not be read again; call "
                                      "reload_weights with a checkpoint of this model, then wake_up");
@@ -699,48 +727,103 @@ Result<void> Engine::release_kv_on_loop(Deadline deadline, EngineCallReport& rep
   SIESTA_TRY(transition(EngineEvent::kReleaseKvCache));
   return {};
 }
+Result<void> Engine::require_weights_writable(const std::string& call) const {
+  const EngineState state = state_.load();
+  if (engine_schedules(state)) {
+    const SchedulerStats ss = scheduler_->stats();
+    return conflict(call + " while the engine is " + std::string(engine_state_name(state)) + " (" +
+                    std::to_string(ss.num_running) + " requests running, " + std::to_string(ss.num_waiting) +
+                    " waiting): pause (POST /pause?mode=keep) or sleep first");
+  }
+  if (!memory_->is_resident(memory::Tag::kWeights))
+    return conflict(call + ": the weights memory is not resident (engine " + std::string(engine_state_name(state)) +
+                    "); call POST /wake_up?tags=weights first");
+  return {};
+}
+
 Result<EngineStatus> Engine::reload_weights(std::optional<std::filesystem::path> model_dir, Deadline deadline) {
   SIESTA_ASSIGN_OR_RETURN(LifecycleTurn turn, LifecycleTurn::take(lifecycle_, deadline, "reload_weights"));
   const Clock::time_point start = Clock::now();
   EngineCallReport report;
   SIESTA_TRY(run_on_loop(
-      [this, &model_dir, &report]() -> Result<void> {
-        const EngineState state = state_.load();
-        if (engine_schedules(state)) {
-          const SchedulerStats ss = scheduler_->stats();
-          return conflict("reload_weights while the engine is " + std::string(engine_state_name(state)) + " (" +
-                          std::to_string(ss.num_running) + " requests running, " + std::to_string(ss.num_waiting) +
-                          " waiting): pause (POST /pause?mode=keep) or sleep first");
-        }
-        if (!memory_->is_resident(memory::Tag::kWeights))
-          return conflict("reload_weights: the weights memory is not resident (engine " +
-                          std::string(engine_state_name(state)) + "); call POST /wake_up?tags=weights first");
-        std::filesystem::path dir;
+      [this, &model_dir, deadline, &report]() -> Result<void> {
+        SIESTA_TRY(require_weights_writable("reload_weights"));
+        WeightUpdate u;
+        u.source = WeightSource::kDir;
         {
           std::lock_guard<std::mutex> lock(weights_mu_);
-          dir = model_dir.value_or(weights_dir_);
+          u.path = model_dir.value_or(weights_dir_);
         }
-        return reload_on_loop(dir, report);
+        return update_on_loop(u, "reload_weights", /*reset_kv=*/true, loop_deadline(deadline), report);
       },
       deadline));
   return status_after(start, std::move(report));
 }
 
-Result<void> Engine::reload_on_loop(const std::filesystem::path& dir, EngineCallReport& report) {
+Result<EngineStatus> Engine::update_weights(WeightUpdate update, Deadline deadline) {
+  SIESTA_ASSIGN_OR_RETURN(LifecycleTurn turn, LifecycleTurn::take(lifecycle_, deadline, "update_weights"));
   const Clock::time_point start = Clock::now();
-  SIESTA_TRY(load_weights_(dir));
+  EngineCallReport report;
+  SIESTA_TRY(run_on_loop(
+      [this, &update, deadline, &report]() -> Result<void> {
+        SIESTA_TRY(require_weights_writable("update_weights"));
+        if (update.source == WeightSource::kDir && update.path.empty()) {
+          std::lock_guard<std::mutex> lock(weights_mu_);
+          update.path = weights_dir_;
+        }
+        return update_on_loop(update, "update_weights", /*reset_kv=*/true, loop_deadline(deadline), report);
+      },
+      deadline));
+  EngineStatus s = status();
+  report.seconds = seconds_since(start);
+  s.call = std::move(report);
+  return s;
+}
+
+Result<void> Engine::update_on_loop(const WeightUpdate& update, const std::string& call, bool reset_kv,
+                                    Deadline deadline, EngineCallReport& report) {
+  // Everything is checked (and the sources opened) before anything changes.
+  SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<PreparedWeightUpdate> prepared, prepare_weights_(update));
+  if (reset_kv) {
+    // Cached KV, and KV held for P/D transfers, came from the old weights.
+    SIESTA_ASSIGN_OR_RETURN(KvReleaseReport kv, release_kv_blocks(KvReleaseScope::kReset, call, deadline));
+    if (connector_) report.kv_transfer = std::move(kv);
+  }
+  auto written = prepared->apply();
+  if (!written) {
+    std::lock_guard<std::mutex> lock(weights_mu_);
+    weights_loaded_ = false;
+    weights_written_.assign(num_weight_tensors_, false);
+    return written.error().with_context(call + " (the weights must be written again: POST /update_weights or "
+                                               "/reload_weights)");
+  }
   {
     std::lock_guard<std::mutex> lock(weights_mu_);
-    weights_loaded_ = true;
-    weights_dir_ = dir;
+    if (update.source == WeightSource::kDir) {
+      weights_loaded_ = true;
+      weights_dir_ = update.path;
+      weights_pushed_ = false;
+      weights_written_.assign(num_weight_tensors_, true);
+    } else {
+      weights_pushed_ = true;
+      for (int i : written->written) weights_written_[static_cast<size_t>(i)] = true;
+      if (!weights_loaded_ && std::all_of(weights_written_.begin(), weights_written_.end(), [](bool w) { return w; }))
+        weights_loaded_ = true;
+    }
+    weights_source_ = update.source;
   }
-  report.weights_loaded_from = dir.string();
-  SIESTA_LOG_INFO("engine: weights read from {} in {:.3f} s", dir.string(), seconds_since(start));
-  // Cached KV was computed with the old weights.
-  if (auto ok = scheduler_->reset_prefix_cache(/*reset_running_requests=*/true); !ok)
-    SIESTA_LOG_WARN("engine: after reload_weights the prefix cache could not be emptied ({}); cached blocks of the "
-                    "old weights may be reused until it is (POST /reset_prefix_cache)",
-                    ok.error().message);
+  if (update.source == WeightSource::kDir) report.weights_loaded_from = update.path.string();
+  SIESTA_LOG_INFO("engine: {}: {} tensors ({}) written from {} in {:.3f} s ({:.1f} GB/s; checks {:.3f} s)", call,
+                  written->tensors, memory::format_bytes(written->bytes), written->from, written->write_seconds,
+                  written->gb_per_s(), written->prepare_seconds);
+  if (!reset_kv) {
+    // Cached KV was computed with the old weights.
+    if (auto ok = scheduler_->reset_prefix_cache(/*reset_running_requests=*/true); !ok)
+      SIESTA_LOG_WARN("engine: after {} the prefix cache could not be emptied ({}); cached blocks of the old weights "
+                      "may be reused until it is (POST /reset_prefix_cache)",
+                      call, ok.error().message);
+  }
+  report.weights_update = std::move(*written);
   return {};
 }
 
@@ -805,6 +888,7 @@ void Engine::note_weights_released() {
   if (memory_->usage()[memory::Tag::kWeights].released_bytes == 0) return;
   std::lock_guard<std::mutex> lock(weights_mu_);
   weights_loaded_ = false;
+  weights_written_.assign(num_weight_tensors_, false);
 }
 
 // ---- the loop thread -----------------------------------------------------------

@@ -13,6 +13,7 @@
 //   engine->sleep(1, PauseMode::kKeep, deadline);      // weights to host, KV and scratch released
 //   engine->wake_up({memory::Tag::kWeights}, deadline); // partial: still not scheduling
 //   engine->reload_weights(dir, deadline);             // optional: new weights in place
+//   engine->update_weights(update, deadline);          // or pushed ones (shm, CUDA IPC; weight_update.h)
 //   engine->wake_up(memory::TagSet::all(), deadline);  // everything resident: scheduling resumes
 //   engine.reset();                                    // stops the loop; unfinished requests
 //                                                      // end as aborted with an error
@@ -24,7 +25,10 @@
 // kUnavailable. The KV cache comes back with every block free and the prefix
 // cache empty. After a level-2 sleep the weights are zero when woken: the
 // wake that makes every tag resident reads the checkpoint of weights_dir
-// again unless reload_weights already did. Before the KV cache is released
+// again unless reload_weights or update_weights already wrote every tensor;
+// when some tensors were pushed since, or the weights last held pushed
+// tensors, it reads nothing (that would serve weights nobody asked for) and
+// refuses (kConflict) until the rest is pushed or reloaded. Before the KV cache is released
 // the KvConnector's release_transfer_kv ends transfers.
 //
 // Every lifecycle call (pause, resume, sleep, wake_up, release_kv_cache_memory,
@@ -140,6 +144,17 @@ class Engine {
   // (kInvalidArgument naming the differences). The prefix cache is emptied:
   // its KV came from the old weights.
   Result<EngineStatus> reload_weights(std::optional<std::filesystem::path> model_dir, Deadline deadline);
+  // Writes new weights in place (model/weight_update.h): tensors pushed by a
+  // trainer through host shared memory (CPU and CUDA) or CUDA IPC (CUDA), or
+  // a checkpoint directory (an empty path: the one the weights hold). The
+  // same states as reload_weights (kConflict otherwise). Every name, shape,
+  // dtype and byte range is checked before the first byte is written
+  // (kInvalidArgument naming each tensor at fault; nothing changes); then KV
+  // transfers end and the prefix cache is emptied as reset_prefix_cache(true)
+  // does (its KV came from the old weights; a failure there changes nothing
+  // either), then the tensors are written. status.call.weights_update says
+  // what was written, how many bytes, how fast.
+  Result<EngineStatus> update_weights(WeightUpdate update, Deadline deadline);
   // Empties the prefix cache. Running requests refuse it (kConflict) unless
   // reset_running_requests, which preempts them (they recompute). P/D
   // transfers holding blocks are ended first (loads recompute, readers are
@@ -159,11 +174,11 @@ class Engine {
   const EngineOptions& options() const { return options_; }
 
  private:
-  // Reads a checkpoint into the model's weights in place (CpuQwen3::reload_weights).
-  using WeightsLoader = std::function<Result<void>(const std::filesystem::path&)>;
+  // Checks a weight update of the model (CpuQwen3 / CudaQwen3::prepare_weight_update).
+  using WeightsPreparer = std::function<Result<std::unique_ptr<PreparedWeightUpdate>>(const WeightUpdate&)>;
 
   Engine(EngineOptions options, EngineLimits limits, Tokenizer tokenizer, std::unique_ptr<ThreadPool> threads,
-         std::unique_ptr<memory::MemoryPool> memory, std::unique_ptr<Model> model, WeightsLoader load_weights,
+         std::unique_ptr<memory::MemoryPool> memory, std::unique_ptr<Model> model, WeightsPreparer prepare_weights,
          KvCacheMemory kv, std::unique_ptr<BlockPool> pool, std::unique_ptr<Scheduler> scheduler,
          std::unique_ptr<KvConnector> connector);
 
@@ -181,7 +196,13 @@ class Engine {
   Result<void> sleep_on_loop(int level, Deadline deadline, EngineCallReport& report);
   Result<void> wake_on_loop(memory::TagSet tags, EngineCallReport& report);
   Result<void> release_kv_on_loop(Deadline deadline, EngineCallReport& report);
-  Result<void> reload_on_loop(const std::filesystem::path& dir, EngineCallReport& report);
+  // Checks `update`, then (with reset_kv) ends KV transfers and empties the
+  // prefix cache as reset_prefix_cache(true) does, then writes; records what
+  // the weights now hold. A failed check or reset changes nothing.
+  Result<void> update_on_loop(const WeightUpdate& update, const std::string& call, bool reset_kv, Deadline deadline,
+                              EngineCallReport& report);
+  // Refuses (kConflict) unless the scheduler is stopped and the weights are resident.
+  Result<void> require_weights_writable(const std::string& call) const;
   // Takes every KV block back so that the cache can be reset (kReset) or its
   // memory released (kMemory): running requests recompute, the connector
   // ends its transfers (release_transfer_kv), the loop polls it until every
@@ -221,7 +242,8 @@ class Engine {
   std::unique_ptr<ThreadPool> threads_;
   std::unique_ptr<memory::MemoryPool> memory_;  // before everything allocated from it
   std::unique_ptr<Model> model_;
-  WeightsLoader load_weights_;
+  WeightsPreparer prepare_weights_;
+  const size_t num_weight_tensors_;  // updatable_tensors(config)
   KvCacheMemory kv_;
   std::unique_ptr<BlockPool> pool_;
   std::unique_ptr<Scheduler> scheduler_;
@@ -252,6 +274,13 @@ class Engine {
   mutable std::mutex weights_mu_;
   bool weights_loaded_ = true;
   std::filesystem::path weights_dir_;
+  // Since the weights were last released: which tensors (updatable_tensors
+  // order) an update wrote again. Meaningful while !weights_loaded_.
+  std::vector<bool> weights_written_;
+  // The weights hold pushed tensors (shm, cuda_ipc) since the last full
+  // checkpoint read; also after a release, until a checkpoint is read again.
+  bool weights_pushed_ = false;
+  WeightSource weights_source_ = WeightSource::kDir;
 
   std::thread loop_;  // last: started when everything above exists
 };

@@ -24,7 +24,9 @@ Result<std::unique_ptr<memory::MemoryBackend>> make_engine_backend(Device device
 
 Result<EngineModel> load_engine_model(const EngineOptions& options, ThreadPool& threads) {
   SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<memory::MemoryBackend> backend, make_engine_backend(options.device, options.cuda_device));
-  auto pool = std::make_unique<memory::MemoryPool>(std::move(backend));
+  memory::PoolOptions po;
+  po.keep_offload_buffers = options.device == Device::kCuda && options.keep_offload_buffers;
+  auto pool = std::make_unique<memory::MemoryPool>(std::move(backend), po);
   if (options.device == Device::kCuda) return load_cuda_engine_model(options, std::move(pool));
 
   auto cpu = CpuQwen3::load(options.model_dir, threads, *pool, std::max(0, options.max_num_batched_tokens));
@@ -34,7 +36,7 @@ Result<EngineModel> load_engine_model(const EngineOptions& options, ThreadPool& 
   CpuQwen3* model = cpu->get();
   m.weights_bytes = model->weights_bytes();
   m.scratch_bytes = model->scratch_bytes();
-  m.reload_weights = [model](const std::filesystem::path& dir) { return model->reload_weights(dir); };
+  m.prepare_update = [model](const WeightUpdate& u) { return model->prepare_weight_update(u); };
   m.model = std::move(*cpu);
   return m;
 }

@@ -6,7 +6,8 @@
 //   SIESTA_ASSIGN_OR_RETURN(uint64_t kv_bytes, kv_cache_budget(options, m));   // the KV cache's size
 //   KvCacheMemory kv = KvCacheMemory::allocate(*m.memory, m.model->kv_layout(), blocks).value();
 //   m.model->forward(batch, kv.view(), out);
-//   m.reload_weights(dir);                          // in place (sleep level 2, weight updates)
+//   auto up = m.prepare_update(update).value();     // in place (sleep level 2, weight updates):
+//   up->apply();                                    // checked first, then written (model/weight_update.h)
 //   // destroy the model (and the KV cache) before m.memory
 //
 // CPU: CpuQwen3 (fp32) with a host pool (memfd). CUDA: CudaQwen3 (bf16) on
@@ -27,6 +28,7 @@
 #include "engine/engine_options.h"
 #include "memory/memory_pool.h"
 #include "model/forward.h"
+#include "model/weight_update.h"
 
 namespace siesta {
 
@@ -35,8 +37,9 @@ class ThreadPool;
 struct EngineModel {
   std::unique_ptr<memory::MemoryPool> memory;  // declared first: outlives the model
   std::unique_ptr<Model> model;
-  // Reads a checkpoint into the weights in place (same addresses).
-  std::function<Result<void>(const std::filesystem::path&)> reload_weights;
+  // Checks an in-place weight update (a checkpoint directory, host shared
+  // memory, CUDA IPC buffers: what the model takes); apply() writes it.
+  std::function<Result<std::unique_ptr<PreparedWeightUpdate>>(const WeightUpdate&)> prepare_update;
   uint64_t weights_bytes = 0;
   uint64_t scratch_bytes = 0;
   // The longest context the model was built for (CUDA: its RoPE table and

@@ -31,7 +31,7 @@ Result<EngineModel> load_cuda_engine_model(const EngineOptions& options, std::un
   m.weights_bytes = cuda_model->weight_bytes();
   m.scratch_bytes = cuda_model->scratch_bytes();
   m.max_model_len = cuda_model->options().max_model_len;
-  m.reload_weights = [cuda_model](const std::filesystem::path& dir) { return cuda_model->reload_weights(dir); };
+  m.prepare_update = [cuda_model](const WeightUpdate& u) { return cuda_model->prepare_weight_update(u); };
   m.model = std::move(*model);
   m.memory = std::move(pool);
   return m;

@@ -83,6 +83,12 @@ struct EngineOptions {
   // (run_step). Off: every row of logits comes back and the host sampler
   // picks; the tokens are the same either way (for comparing the two).
   bool sample_on_device = true;
+  // --device cuda: the host buffer a level-1 sleep copies the weights into is
+  // kept after the wake and pinned in the background, so that later level-1
+  // sleeps and wakes copy at the pinned DMA bandwidth instead of faulting in
+  // fresh pages (memory/README.md). Costs host memory the size of the
+  // weights while awake (GET /memory: kept_host_bytes); a level-2 sleep drops it.
+  bool keep_offload_buffers = true;
 };
 
 struct EngineLimits {

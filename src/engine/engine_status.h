@@ -13,6 +13,7 @@
 #include "memory/backend.h"
 #include "memory/memory_pool.h"
 #include "memory/tag.h"
+#include "model/weight_update.h"
 
 namespace siesta {
 
@@ -35,6 +36,9 @@ struct EngineCallReport {
   memory::TagBytes restored_bytes{};  // of which filled from host copies
   uint64_t discarded_bytes = 0;       // host copies dropped (level 2 after level 1)
   std::string weights_loaded_from;    // a checkpoint read into the weights by this call
+  // What this call wrote into the weights (update_weights, reload_weights, a
+  // wake that read the checkpoint again).
+  std::optional<WeightUpdateReport> weights_update;
   // The P/D connector's part, when the call reset or released the KV cache of
   // an engine that has one.
   std::optional<KvReleaseReport> kv_transfer;
@@ -49,7 +53,13 @@ struct EngineStatus {
   // after a level-2 sleep until reload_weights or the wake that makes every
   // tag resident (which reloads weights_dir).
   bool weights_loaded = true;
-  std::string weights_dir;      // the checkpoint the weights hold (or held)
+  std::string weights_dir;      // the checkpoint the weights hold (or held); the last one read
+  // Where the weights' contents came from last: "dir" (weights_dir), or
+  // "shm" / "cuda_ipc" when tensors were pushed since (update_weights).
+  std::string weights_source = "dir";
+  // After a sleep that released the weights: tensors not written again yet
+  // (0 when weights_loaded).
+  int32_t weights_unwritten = 0;
   int32_t held_requests = 0;    // arrived while not admitting; enter at resume / wake
   int32_t running_requests = 0;
   int32_t waiting_requests = 0; // in the scheduler (kept by a pause, or queued), and held
@@ -62,6 +72,8 @@ struct EngineMemoryReport {
   memory::BackendKind backend = memory::BackendKind::kHost;
   std::string backend_description;
   std::optional<memory::DeviceMemoryInfo> device;  // where the pool allocates (host: MemAvailable)
+  // Host memory of offloads (copies, kept buffers) that copies reach by direct DMA.
+  uint64_t pinned_host_bytes = 0;
 };
 
 }  // namespace siesta

@@ -73,6 +73,8 @@ class HostBuffer {
   virtual ~HostBuffer() = default;
   virtual void* data() = 0;
   virtual size_t bytes() const = 0;
+  // Bytes from data() on that copies reach by direct DMA (pinned); any thread.
+  virtual size_t pinned_bytes() const { return 0; }
 };
 
 // Exported pieces mapped at a new address in this process, as a peer maps
@@ -119,6 +121,12 @@ class MemoryBackend {
 
   // Host memory for offloaded contents.
   virtual Result<std::unique_ptr<HostBuffer>> allocate_host(size_t bytes) = 0;
+  // The pool keeps `buffer` (from allocate_host, holding an offload it just
+  // copied) for the offloads to come (PoolOptions::keep_offload_buffers). The
+  // backend may make later copies to and from it faster: the CUDA backend
+  // pins it in the background, piece by piece, each piece then copied by
+  // direct DMA. Default: nothing. The buffer stays valid meanwhile.
+  virtual void retain_host(HostBuffer& /*buffer*/) {}
   // Copies between backend memory (a mapped range) and host memory. Both
   // complete before they return.
   virtual Ok copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;

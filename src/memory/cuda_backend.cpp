@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -144,16 +147,74 @@ class PinnedBuffer final : public HostBuffer {
 // Ordinary host memory for staged offloads: anonymous pages, first touched by
 // the copy threads (in parallel), with transparent huge pages asked for so
 // that faulting in and freeing tens of GiB stays cheap.
+//
+// A buffer the pool keeps (retain_host) is pinned by a thread of its own,
+// kPinPiece bytes at a time from its start (cuMemHostRegister of pages that
+// are touched already), while the engine runs or sleeps; copies reach the
+// pinned prefix by direct DMA, one piece per copy, and stage the rest. The
+// pinning stops between pieces when the buffer goes.
+class PageableBuffer;
+
+// The buffers a backend pins (retain_host), for copies to look up; a buffer
+// leaves when it is destroyed. Shared, since buffers may outlive the backend.
+struct KeptBuffers {
+  std::mutex mu;
+  std::set<PageableBuffer*> live;
+};
+
 class PageableBuffer final : public HostBuffer {
  public:
-  PageableBuffer(void* data, size_t bytes) : data_(data), bytes_(bytes) {}
-  ~PageableBuffer() override { munmap(data_, bytes_); }
+  static constexpr size_t kPinPiece = size_t{256} << 20;
+
+  PageableBuffer(std::shared_ptr<const CudaDevice> dev, void* data, size_t bytes)
+      : dev_(std::move(dev)), data_(data), bytes_(bytes) {}
+  ~PageableBuffer() override {
+    if (registry_) {
+      std::lock_guard<std::mutex> lock(registry_->mu);
+      registry_->live.erase(this);
+    }
+    stop_.store(true);
+    if (pinner_.joinable()) pinner_.join();
+    const size_t pinned = pinned_.load();
+    if (pinned > 0 && dev_->make_current())
+      for (size_t off = 0; off < pinned; off += kPinPiece) dev_->driver->cuMemHostUnregister(static_cast<std::byte*>(data_) + off);
+    munmap(data_, bytes_);
+  }
   void* data() override { return data_; }
   size_t bytes() const override { return bytes_; }
+  size_t pinned_bytes() const override { return pinned_.load(); }
+
+  void start_pinning(std::shared_ptr<KeptBuffers> registry) {
+    if (pinner_.joinable()) return;
+    registry_ = registry;
+    {
+      std::lock_guard<std::mutex> lock(registry_->mu);
+      registry_->live.insert(this);
+    }
+    pinner_ = std::thread([this] {
+      if (!dev_->make_current()) return;
+      for (size_t off = 0; off < bytes_ && !stop_.load(); off += kPinPiece) {
+        const size_t len = std::min(kPinPiece, bytes_ - off);
+        const CUresult r = dev_->driver->cuMemHostRegister(static_cast<std::byte*>(data_) + off, len, 0);
+        if (r != CUDA_SUCCESS) {
+          SIESTA_LOG_WARN("memory: pinning a kept offload buffer stopped at {} of {} ({}); the rest is staged",
+                          format_bytes(off), format_bytes(bytes_), dev_->driver->error_text(r));
+          return;
+        }
+        pinned_.store(off + len);
+      }
+      SIESTA_LOG_DEBUG("memory: kept offload buffer of {} pinned", format_bytes(pinned_.load()));
+    });
+  }
 
  private:
+  std::shared_ptr<const CudaDevice> dev_;
   void* data_;
   size_t bytes_;
+  std::atomic<size_t> pinned_{0};
+  std::atomic<bool> stop_{false};
+  std::shared_ptr<KeptBuffers> registry_;
+  std::thread pinner_;
 };
 
 // The staging ring of OffloadMode::kStaged: pinned slots, one stream for the
@@ -212,12 +273,45 @@ class StagingResources final : public StagingDma {
     return dev_->check(dev_->driver->cuEventSynchronize(events_[slot]), "cuEventSynchronize on a staging slot");
   }
 
+  // Direct DMA between device memory and pinned host memory, in pieces that
+  // never cross `piece` boundaries counted from `pinned_base` (each piece is a
+  // registration of its own); returns when done.
+  Ok direct_to_host(void* host_dst, const void* device_src, size_t bytes, const void* pinned_base, size_t piece) {
+    return direct(host_dst, device_src, bytes, pinned_base, piece, true);
+  }
+  Ok direct_from_host(void* device_dst, const void* host_src, size_t bytes, const void* pinned_base, size_t piece) {
+    return direct(const_cast<void*>(host_src), device_dst, bytes, pinned_base, piece, false);
+  }
+
   const StagingRing& ring() const { return ring_; }
   ThreadPool& threads() { return *threads_; }
   size_t pinned_bytes() const { return ring_.slots.size() * ring_.slot_bytes; }
 
  private:
   explicit StagingResources(std::shared_ptr<const CudaDevice> dev) : dev_(std::move(dev)) {}
+
+  Ok direct(void* host, const void* device, size_t bytes, const void* pinned_base, size_t piece, bool to_host) {
+    const CudaDriver& d = *dev_->driver;
+    auto* h = static_cast<std::byte*>(host);
+    const auto* dv = static_cast<const std::byte*>(device);
+    const auto* base = static_cast<const std::byte*>(pinned_base);
+    for (size_t done = 0; done < bytes;) {
+      const size_t in_piece = static_cast<size_t>(h + done - base) % piece;
+      const size_t len = std::min(bytes - done, piece - in_piece);
+      const CUresult r = to_host ? d.cuMemcpyDtoHAsync(h + done, device_ptr(dv + done), len, stream_)
+                                 : d.cuMemcpyHtoDAsync(device_ptr(dv + done), h + done, len, stream_);
+      if (r != CUDA_SUCCESS) {
+        // Whatever was issued finishes before the error goes up.
+        (void)d.cuEventRecord(events_[0], stream_);
+        (void)d.cuEventSynchronize(events_[0]);
+        return dev_->check(r, fmt::format("direct copy of {} {} pinned host memory", format_bytes(len),
+                                          to_host ? "to" : "from"));
+      }
+      done += len;
+    }
+    SIESTA_TRY(dev_->check(d.cuEventRecord(events_[0], stream_), "cuEventRecord"));
+    return dev_->check(d.cuEventSynchronize(events_[0]), "cuEventSynchronize after a direct copy");
+  }
 
   std::shared_ptr<const CudaDevice> dev_;
   StagingRing ring_;
@@ -327,7 +421,7 @@ class CudaBackend final : public MemoryBackend {
                                          format_bytes(bytes), std::strerror(errno)));
       }
       (void)madvise(p, rounded, MADV_HUGEPAGE);  // a hint; without THP the copy still works
-      return std::unique_ptr<HostBuffer>(std::make_unique<PageableBuffer>(p, rounded));
+      return std::unique_ptr<HostBuffer>(std::make_unique<PageableBuffer>(dev_, p, rounded));
     }
     SIESTA_TRY(dev_->make_current());
     void* p = nullptr;
@@ -336,11 +430,23 @@ class CudaBackend final : public MemoryBackend {
     return std::unique_ptr<HostBuffer>(std::make_unique<PinnedBuffer>(dev_, p, bytes));
   }
 
+  void retain_host(HostBuffer& buffer) override {
+    if (options_.offload != OffloadMode::kStaged || !options_.pin_kept_buffers) return;
+    auto* pageable = dynamic_cast<PageableBuffer*>(&buffer);
+    if (pageable != nullptr) pageable->start_pinning(kept_);
+  }
+
   Ok copy_to_host(void* host_dst, const void* src, size_t bytes) override {
     SIESTA_TRY(dev_->make_current());
     if (options_.offload == OffloadMode::kStaged) {
       SIESTA_ASSIGN_OR_RETURN(StagingResources * staging, staging_resources());
-      return staged_copy_to_host(*staging, staging->ring(), staging->threads(), host_dst, src, bytes);
+      // The pinned prefix of a kept buffer by direct DMA, the rest staged.
+      const auto [buffer, pinned] = pinned_part(host_dst, bytes);
+      if (pinned > 0)
+        SIESTA_TRY(staging->direct_to_host(host_dst, src, pinned, buffer, PageableBuffer::kPinPiece));
+      if (pinned == bytes) return {};
+      return staged_copy_to_host(*staging, staging->ring(), staging->threads(), static_cast<std::byte*>(host_dst) + pinned,
+                                 static_cast<const std::byte*>(src) + pinned, bytes - pinned);
     }
     return dev_->check(dev_->driver->cuMemcpyDtoH(host_dst, device_ptr(src), bytes),
                        fmt::format("cuMemcpyDtoH of {}", format_bytes(bytes)));
@@ -350,7 +456,12 @@ class CudaBackend final : public MemoryBackend {
     SIESTA_TRY(dev_->make_current());
     if (options_.offload == OffloadMode::kStaged) {
       SIESTA_ASSIGN_OR_RETURN(StagingResources * staging, staging_resources());
-      return staged_copy_from_host(*staging, staging->ring(), staging->threads(), dst, host_src, bytes);
+      const auto [buffer, pinned] = pinned_part(host_src, bytes);
+      if (pinned > 0)
+        SIESTA_TRY(staging->direct_from_host(dst, host_src, pinned, buffer, PageableBuffer::kPinPiece));
+      if (pinned == bytes) return {};
+      return staged_copy_from_host(*staging, staging->ring(), staging->threads(), static_cast<std::byte*>(dst) + pinned,
+                                   static_cast<const std::byte*>(host_src) + pinned, bytes - pinned);
     }
     return dev_->check(dev_->driver->cuMemcpyHtoD(device_ptr(dst), host_src, bytes),
                        fmt::format("cuMemcpyHtoD of {}", format_bytes(bytes)));
@@ -403,6 +514,23 @@ class CudaBackend final : public MemoryBackend {
  private:
   bool exportable() const { return prop_.requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR; }
 
+  // The kept buffer that [host, host + bytes) starts in, and how many of
+  // those bytes are pinned (a prefix of the range); {nullptr, 0} otherwise.
+  // (The pool frees buffers on the thread that copies, so none goes while a copy runs.)
+  std::pair<const void*, size_t> pinned_part(const void* host, size_t bytes) {
+    std::lock_guard<std::mutex> lock(kept_->mu);
+    const auto* h = static_cast<const std::byte*>(host);
+    for (PageableBuffer* b : kept_->live) {
+      const auto* base = static_cast<const std::byte*>(b->data());
+      if (h < base || h >= base + b->bytes()) continue;
+      const size_t pinned_end = b->pinned_bytes();
+      const size_t at = static_cast<size_t>(h - base);
+      if (at >= pinned_end) return {base, 0};
+      return {base, std::min(bytes, pinned_end - at)};
+    }
+    return {nullptr, 0};
+  }
+
   Result<StagingResources*> staging_resources() {
     if (!staging_) {
       auto made = StagingResources::create(dev_, options_);
@@ -420,6 +548,7 @@ class CudaBackend final : public MemoryBackend {
   std::string description_;
   CudaBackendOptions options_;
   std::unique_ptr<StagingResources> staging_;  // kStaged, from the first staged copy
+  std::shared_ptr<KeptBuffers> kept_ = std::make_shared<KeptBuffers>();
 };
 
 }  // namespace

@@ -58,6 +58,10 @@ struct CudaBackendOptions {
   // touch fresh host memory); 0: min(8, cores) (16 measured no faster on the
   // 16-core H200 machine: bench/results/memory_cuda_offload_threads.json).
   size_t copy_threads = 0;
+  // kStaged: pin the host buffers a pool keeps between offloads
+  // (PoolOptions::keep_offload_buffers), in the background, so that later
+  // sleeps and wakes copy them by direct DMA.
+  bool pin_kept_buffers = true;
 };
 
 Result<std::unique_ptr<MemoryBackend>> make_cuda_backend(CudaBackendOptions options = {});

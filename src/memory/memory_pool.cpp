@@ -48,6 +48,7 @@ TagUsage PoolUsage::total() const {
     sum.offloaded_bytes += t.offloaded_bytes;
     sum.released_bytes += t.released_bytes;
     sum.held_by_exports_bytes += t.held_by_exports_bytes;
+    sum.kept_host_bytes += t.kept_host_bytes;
   }
   return sum;
 }
@@ -63,6 +64,11 @@ struct MemoryPool::Entry {
   // exactly while offloaded.
   std::unique_ptr<Backing> backing;
   std::unique_ptr<HostBuffer> host_copy;
+  // PoolOptions::keep_offload_buffers: the host buffer of the last offload,
+  // kept while resident for the next one. kept_bytes is its size, written
+  // under state_mu_ (usage() reads it from any thread).
+  std::unique_ptr<HostBuffer> kept;
+  uint64_t kept_bytes = 0;
 };
 
 struct MemoryPool::ExportRecord {
@@ -263,6 +269,8 @@ Result<SleepReport> MemoryPool::sleep(TagSet offload_tags, SleepOptions options)
 
   // Every copy before any release: if one fails, nothing has been released.
   auto start = Clock::now();
+  // A kept buffer (keep_offload_buffers) takes the copy again; it moves to
+  // the entry only when everything was copied.
   std::vector<std::unique_ptr<HostBuffer>> copies(targets.size());
   for (size_t i = 0; i < targets.size(); ++i) {
     const Entry& entry = *targets[i];
@@ -271,11 +279,15 @@ Result<SleepReport> MemoryPool::sleep(TagSet offload_tags, SleepOptions options)
         "sleep: offloading {} (nothing released). Free host memory, or sleep without offloading {} "
         "(level 2) and reload it after wake",
         describe(entry), tag_name(entry.info.tag));
-    Result<std::unique_ptr<HostBuffer>> copy = backend_->allocate_host(entry.info.bytes);
-    if (!copy) return copy.error().with_context(hint);
-    Ok copied = backend_->copy_to_host((*copy)->data(), entry.info.base, entry.info.bytes);
+    HostBuffer* dst = entry.kept && entry.kept->bytes() >= entry.info.bytes ? entry.kept.get() : nullptr;
+    if (dst == nullptr) {
+      Result<std::unique_ptr<HostBuffer>> copy = backend_->allocate_host(entry.info.bytes);
+      if (!copy) return copy.error().with_context(hint);
+      copies[i] = std::move(*copy);
+      dst = copies[i].get();
+    }
+    Ok copied = backend_->copy_to_host(dst->data(), entry.info.base, entry.info.bytes);
     if (!copied) return copied.error().with_context(hint);
-    copies[i] = std::move(*copy);
   }
   report.offload_seconds = seconds_since(start);
 
@@ -290,7 +302,17 @@ Result<SleepReport> MemoryPool::sleep(TagSet offload_tags, SleepOptions options)
       continue;  // stays resident (its host copy is dropped); the next sleep retries
     }
     entry.backing.reset();
-    entry.host_copy = std::move(copies[i]);
+    if (offload_tags.contains(entry.info.tag)) {
+      const bool fresh = copies[i] != nullptr;
+      entry.host_copy = fresh ? std::move(copies[i]) : std::move(entry.kept);
+      entry.kept.reset();
+      // A new buffer that will be kept: the backend may prepare it (pin it) meanwhile.
+      if (fresh && options_.keep_offload_buffers) backend_->retain_host(*entry.host_copy);
+    }
+    {
+      std::lock_guard lock(state_mu_);
+      entry.kept_bytes = 0;
+    }
     publish(entry, entry.host_copy ? AllocationState::kOffloaded : AllocationState::kReleased);
     size_t t = tag_index(entry.info.tag);
     report.released_bytes[t] += entry.info.bytes;
@@ -355,6 +377,11 @@ Result<WakeReport> MemoryPool::wake(TagSet tags) {
       report.restored_bytes[tag_index(entry.info.tag)] += entry.info.bytes;
     }
     entry.backing = std::move(*backing);
+    if (restore && options_.keep_offload_buffers) {
+      entry.kept = std::move(entry.host_copy);
+      std::lock_guard lock(state_mu_);
+      entry.kept_bytes = entry.kept->bytes();
+    }
     publish(entry, AllocationState::kResident);
     entry.host_copy.reset();
     report.mapped_bytes[tag_index(entry.info.tag)] += entry.info.bytes;
@@ -376,12 +403,29 @@ Result<uint64_t> MemoryPool::discard(TagSet tags) {
   std::lock_guard op(op_mu_);
   uint64_t freed = 0;
   for (auto& [id, entry] : entries_) {
-    if (!tags.contains(entry->info.tag) || entry->state != AllocationState::kOffloaded) continue;
+    if (!tags.contains(entry->info.tag)) continue;
+    if (entry->kept) {
+      freed += entry->kept->bytes();
+      entry->kept.reset();
+      std::lock_guard lock(state_mu_);
+      entry->kept_bytes = 0;
+    }
+    if (entry->state != AllocationState::kOffloaded) continue;
     publish(*entry, AllocationState::kReleased);
     freed += entry->info.bytes;
     entry->host_copy.reset();
   }
   return freed;
+}
+
+uint64_t MemoryPool::pinned_host_bytes() {
+  std::lock_guard op(op_mu_);
+  uint64_t pinned = 0;
+  for (auto& [id, entry] : entries_) {
+    if (entry->host_copy) pinned += entry->host_copy->pinned_bytes();
+    if (entry->kept) pinned += entry->kept->pinned_bytes();
+  }
+  return pinned;
 }
 
 PoolUsage MemoryPool::usage() const {
@@ -395,6 +439,7 @@ PoolUsage MemoryPool::usage() const {
       case AllocationState::kOffloaded: t.offloaded_bytes += entry->info.bytes; break;
       case AllocationState::kReleased: t.released_bytes += entry->info.bytes; break;
     }
+    t.kept_host_bytes += entry->kept_bytes;
   }
   // An export no longer names the memory the pool maps once the allocation
   // was released (and perhaps mapped anew): that memory lives on only through

@@ -102,6 +102,13 @@ struct PoolOptions {
   // chunk_bytes. Large chunks map and release fast (on an H200, 64 GiB takes
   // 2 ms as one allocation, ~100 ms in 256 MiB chunks, 2 s in 2 MiB chunks).
   size_t default_chunk_bytes = size_t{256} << 20;
+  // Keep each offload's host buffer after the wake that restored from it, for
+  // the next sleep of that allocation: its pages are touched already (a fresh
+  // buffer's first touch bounded the staged offload), and the backend may pin
+  // it meanwhile (MemoryBackend::retain_host). The price: host memory the
+  // size of the offloaded allocations while awake (TagUsage::kept_host_bytes).
+  // discard() drops kept buffers too.
+  bool keep_offload_buffers = false;
 };
 
 struct Allocation {
@@ -124,6 +131,9 @@ struct TagUsage {
   uint64_t offloaded_bytes = 0;  // also the host memory the copies take
   uint64_t released_bytes = 0;
   uint64_t held_by_exports_bytes = 0;
+  // Host memory kept for the next offload of resident allocations
+  // (PoolOptions::keep_offload_buffers); not part of total_bytes().
+  uint64_t kept_host_bytes = 0;
 
   uint64_t total_bytes() const { return resident_bytes + offloaded_bytes + released_bytes; }
   friend bool operator==(const TagUsage&, const TagUsage&) = default;
@@ -204,8 +214,12 @@ class MemoryPool {
   // restores offloaded contents, zero-fills the rest.
   Result<WakeReport> wake(TagSet tags);
   // Drops the host copies of offloaded allocations of `tags` (they become
-  // released); returns the bytes of host memory freed.
+  // released) and the host buffers kept for them; returns the bytes of host
+  // memory freed.
   Result<uint64_t> discard(TagSet tags);
+  // Host memory of offloads (copies and kept buffers) that copies reach by
+  // direct DMA (HostBuffer::pinned_bytes).
+  uint64_t pinned_host_bytes();
 
   MemoryBackend& backend() { return *backend_; }
 

@@ -316,6 +316,7 @@ Result<TensorView> SafetensorsFile::parse_entry(const std::string& name, const j
                            dtype_name(v.dtype), shape_str(v.shape), *expected));
   v.data = data + begin;
   v.nbytes = static_cast<size_t>(end - begin);
+  v.file_offset = static_cast<int64_t>(data - static_cast<const std::byte*>(base_)) + static_cast<int64_t>(begin);
   return v;
 }
 

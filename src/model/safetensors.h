@@ -52,6 +52,9 @@ struct TensorView {
   const std::byte* data = nullptr;
   size_t nbytes = 0;
   std::string file;  // which file it came from, for error messages
+  // Where data starts in `file` (bytes), for readers that pread instead of
+  // touching the mapping; -1 for views of memory that is no file's.
+  int64_t file_offset = -1;
 
   int64_t numel() const;
 };

@@ -7,6 +7,7 @@
 
 #include "memory/tag.h"
 #include "server/json_fields.h"
+#include "server/weight_update_request.h"
 
 namespace siesta::server {
 namespace {
@@ -32,6 +33,13 @@ nlohmann::json kv_transfer_json(const KvReleaseReport& kv) {
           {"acked", kv.acked},             {"unanswered", kv.unanswered},   {"deregistered", kv.deregistered}};
 }
 
+nlohmann::json weights_update_json(const WeightUpdateReport& w) {
+  return {{"source", weight_source_name(w.source)}, {"from", w.from},
+          {"tensors", w.tensors},                    {"bytes", w.bytes},
+          {"skipped", w.skipped},                    {"prepare_seconds", w.prepare_seconds},
+          {"write_seconds", w.write_seconds},        {"gb_per_s", w.gb_per_s()}};
+}
+
 nlohmann::json status_json(const EngineStatus& s) {
   nlohmann::json call{{"released_bytes", tag_bytes(s.call.released_bytes)},
                       {"offloaded_bytes", tag_bytes(s.call.offloaded_bytes)},
@@ -41,6 +49,7 @@ nlohmann::json status_json(const EngineStatus& s) {
                       {"seconds", s.call.seconds}};
   call["weights_loaded_from"] =
       s.call.weights_loaded_from.empty() ? nlohmann::json() : nlohmann::json(s.call.weights_loaded_from);
+  if (s.call.weights_update) call["weights_update"] = weights_update_json(*s.call.weights_update);
   if (s.call.kv_transfer) call["kv_transfer"] = kv_transfer_json(*s.call.kv_transfer);
   return {{"state", engine_state_name(s.state)},
           {"is_sleeping", engine_is_sleeping(s.state)},
@@ -49,6 +58,8 @@ nlohmann::json status_json(const EngineStatus& s) {
           {"not_resident_tags", tag_list(s.not_resident)},
           {"weights_loaded", s.weights_loaded},
           {"weights_dir", s.weights_dir},
+          {"weights_source", s.weights_source},
+          {"weights_unwritten", s.weights_unwritten},
           {"requests", {{"running", s.running_requests}, {"waiting", s.waiting_requests}, {"held", s.held_requests}}},
           {"call", std::move(call)}};
 }
@@ -56,7 +67,8 @@ nlohmann::json status_json(const EngineStatus& s) {
 nlohmann::json usage_json(const memory::TagUsage& u) {
   return {{"allocations", u.allocations},         {"resident_bytes", u.resident_bytes},
           {"offloaded_bytes", u.offloaded_bytes}, {"released_bytes", u.released_bytes},
-          {"held_by_exports_bytes", u.held_by_exports_bytes}, {"total_bytes", u.total_bytes()}};
+          {"held_by_exports_bytes", u.held_by_exports_bytes}, {"kept_host_bytes", u.kept_host_bytes},
+          {"total_bytes", u.total_bytes()}};
 }
 
 nlohmann::json memory_json(const EngineMemoryReport& r, EngineState state) {
@@ -65,7 +77,8 @@ nlohmann::json memory_json(const EngineMemoryReport& r, EngineState state) {
   nlohmann::json out{{"state", engine_state_name(state)},
                      {"tags", std::move(tags)},
                      {"total", usage_json(r.pool.total())},
-                     {"open_exports", r.pool.open_exports}};
+                     {"open_exports", r.pool.open_exports},
+                     {"pinned_host_bytes", r.pinned_host_bytes}};
   out["process_rss_bytes"] = r.process_resident_bytes ? nlohmann::json(*r.process_resident_bytes) : nlohmann::json();
   nlohmann::json device{{"kind", memory::backend_kind_name(r.backend)}, {"description", r.backend_description}};
   if (r.device) {
@@ -353,6 +366,23 @@ void add_admin_routes(httplib::Server& s, ServerContext& ctx) {
     if (!deadline) return fail(res, deadline.error());
     // One worker, returning nothing: vLLM's {"results": [null]}.
     answer(req, res, ctx.engine.reload_weights(*dir, *deadline), {{"results", nlohmann::json::array({nullptr})}});
+  });
+  // Weights pushed by a trainer (weight_update_request.h): {"updated", "bytes", "seconds"} and the status.
+  post("/update_weights", [&ctx, fail](const httplib::Request& req, const std::string& text, httplib::Response& res) {
+    nlohmann::json body;
+    if (!parse_json_body(text, res, body)) return;
+    auto update = parse_weight_update(body);
+    if (!update) return fail(res, update.error());
+    auto deadline = deadline_param(req);
+    if (!deadline) return fail(res, deadline.error());
+    Result<EngineStatus> r = ctx.engine.update_weights(std::move(*update), *deadline);
+    if (!r) return fail(res, r.error());
+    nlohmann::json out = status_json(*r);
+    const WeightUpdateReport& w = *r->call.weights_update;
+    out["updated"] = w.tensors;
+    out["bytes"] = w.bytes;
+    out["seconds"] = r->call.seconds;
+    send_json(res, 200, out);
   });
   get("/memory", [&ctx](const httplib::Request&, httplib::Response& res) {
     const EngineMemoryReport r = ctx.engine.memory_report(Clock::now() + std::chrono::seconds(10));

@@ -14,6 +14,8 @@
 // siesta's own, answering the EngineStatus they left:
 //   POST /release_kv_cache_memory                   (after a pause)
 //   POST /reload_weights                            body: none, or {"weights_path": DIR} ("model" too)
+//   POST /update_weights                            body: weight_update_request.h (shm, cuda_ipc, dir);
+//                                                   answers {"updated": tensors, "bytes", "seconds"} + the status
 //   GET  /engine_state                              the EngineStatus now
 //   GET  /memory                                    bytes per tag and state, process RSS, device
 // Every POST takes ?verbose=true to answer siesta's EngineStatus instead of

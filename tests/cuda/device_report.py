@@ -121,6 +121,33 @@ for shape in ("0.6b", "8b"):
         rows.append((f"engine {shape} {level}", f"sleep {v['sleep_ms_median']:.0f} ms, wake {v['wake_ms_median']:.0f} ms",
                      f"device used asleep {max(asleep) / 2**30:.2f} GiB" if asleep else ""))
     rows.append((f"engine {shape} outputs after wake", "identical" if e["outputs_identical"] else "DIFFER", ""))
+    for name, v in (e.get("limits") or {}).items():
+        if not isinstance(v, dict):
+            continue
+        goal = v["goal_ratio"]
+        verdict = ""
+        if goal:
+            met = v["ratio"] >= goal if name == "reload_gb_per_s" else v["ratio"] <= goal
+            verdict = f", goal {'>=' if name == 'reload_gb_per_s' else '<='} {goal}x: {'met' if met else 'MISSED'}"
+        rows.append((f"engine {shape} {name}", f"{v['measured']:.1f} (limit {v['limit']:.1f}, {v['ratio']:.2f}x)",
+                     v["limit_is"] + verdict))
+
+for shape in ("0.6b", "8b"):
+    u = load(f"update_weights_{shape}_h200.json")
+    if u:
+        m = u["median"]
+        rows.append((f"update_weights cuda_ipc {shape}", f"{m['server_ms']:.1f} ms ({m['gb_per_s']:.0f} GB/s copy)",
+                     f"limit {u['limit']['ms']:.1f} ms, {u['ratio_to_limit']:.2f}x; goal {u['goal_ms']:.0f} ms "
+                     f"{'met' if u['goal_met'] else 'MISSED'}; open+check {m['open_and_check_ms']:.1f} ms; "
+                     f"tokens = reload: {u['tokens_equal_reload']}"))
+for name in ("rl_loop_0.6b_h200.json", "rl_loop_pd_0.6b_h200.json"):
+    r = load(name)
+    if r:
+        for it in r["iterations"]:
+            rows.append((f"rl_loop {r['mode']} #{it['iteration']}",
+                         f"update {it['update_server_s'] * 1e3:.1f} ms, trainer {it['trainer_share_of_freed']:.3f}"
+                         " of freed", f"sleep {it['sleep_s']:.2f} s, wake {it['wake_weights_s'] + it['wake_kv_s']:.2f}"
+                         f" s, = fresh engine: {it['equal_to_fresh_engine']}"))
 
 w0 = max(len(r[0]) for r in rows)
 w1 = max(len(r[1]) for r in rows)

@@ -344,6 +344,85 @@ TEST(MemoryPoolHost, DiscardDropsHostCopies) {
   EXPECT_TRUE(all_zero(weights.base, weights.bytes));
 }
 
+// The host backend, counting the buffers it hands out and is told to keep.
+class CountingHostBackend final : public MemoryBackend {
+ public:
+  BackendKind kind() const override { return host_.kind(); }
+  std::string description() const override { return host_.description(); }
+  size_t granularity() const override { return host_.granularity(); }
+  Result<void*> reserve(size_t bytes) override { return host_.reserve(bytes); }
+  void unreserve(void* base, size_t bytes) override { host_.unreserve(base, bytes); }
+  Result<std::unique_ptr<Backing>> map(void* base, size_t bytes, size_t piece_bytes, bool zero_fill,
+                                       std::string_view label) override {
+    return host_.map(base, bytes, piece_bytes, zero_fill, label);
+  }
+  Result<std::unique_ptr<HostBuffer>> allocate_host(size_t bytes) override {
+    ++allocated;
+    return host_.allocate_host(bytes);
+  }
+  void retain_host(HostBuffer&) override { ++retained; }
+  Ok copy_to_host(void* dst, const void* src, size_t bytes) override { return host_.copy_to_host(dst, src, bytes); }
+  Ok copy_from_host(void* dst, const void* src, size_t bytes) override { return host_.copy_from_host(dst, src, bytes); }
+  Ok synchronize() override { return host_.synchronize(); }
+  Result<DeviceMemoryInfo> memory_info() override { return host_.memory_info(); }
+  Result<std::unique_ptr<ImportedMapping>> map_import(const std::vector<ExportedPiece>& pieces) override {
+    return host_.map_import(pieces);
+  }
+  int allocated = 0;
+  int retained = 0;
+
+ private:
+  HostBackend host_;
+};
+
+TEST(MemoryPoolHost, KeptOffloadBuffersAreReusedByLaterSleepsAndDroppedByDiscard) {
+  auto backend = std::make_unique<CountingHostBackend>();
+  CountingHostBackend* b = backend.get();
+  MemoryPool pool(std::move(backend), PoolOptions{.keep_offload_buffers = true});
+  Allocation w = pool.allocate(8 * kMiB, Tag::kWeights).value();
+  Allocation kv = pool.allocate(4 * kMiB, Tag::kKvCache).value();
+  for (uint64_t cycle = 1; cycle <= 4; ++cycle) {
+    fill(w.base, w.bytes, cycle);
+    ASSERT_TRUE(pool.sleep({Tag::kWeights}));
+    EXPECT_EQ(pool.usage()[Tag::kWeights].kept_host_bytes, 0u);  // the buffer holds the copy now
+    ASSERT_TRUE(pool.wake(TagSet::all()));
+    EXPECT_TRUE(holds(w.base, w.bytes, cycle)) << cycle;
+    EXPECT_EQ(pool.usage()[Tag::kWeights].kept_host_bytes, w.bytes);
+    EXPECT_EQ(pool.usage()[Tag::kKvCache].kept_host_bytes, 0u);  // released, not offloaded
+  }
+  EXPECT_EQ(b->allocated, 1);  // one buffer for every sleep
+  EXPECT_EQ(b->retained, 1);
+  // Level 2 drops the kept buffer; the next level 1 allocates again.
+  ASSERT_TRUE(pool.sleep({}));
+  EXPECT_EQ(pool.discard(TagSet::all()).value(), w.bytes);
+  EXPECT_EQ(pool.usage()[Tag::kWeights].kept_host_bytes, 0u);
+  ASSERT_TRUE(pool.wake(TagSet::all()));
+  fill(w.base, w.bytes, 9);
+  ASSERT_TRUE(pool.sleep({Tag::kWeights}));
+  ASSERT_TRUE(pool.wake(TagSet::all()));
+  EXPECT_TRUE(holds(w.base, w.bytes, 9));
+  EXPECT_EQ(b->allocated, 2);
+  EXPECT_EQ(pool.pinned_host_bytes(), 0u);  // the host backend pins nothing
+  ASSERT_TRUE(pool.free(kv.id));
+  ASSERT_TRUE(pool.free(w.id));
+  EXPECT_EQ(pool.usage().total().kept_host_bytes, 0u);
+}
+
+TEST(MemoryPoolHost, WithoutKeepOffloadBuffersEverySleepAllocates) {
+  auto backend = std::make_unique<CountingHostBackend>();
+  CountingHostBackend* b = backend.get();
+  MemoryPool pool(std::move(backend));
+  Allocation w = pool.allocate(4 * kMiB, Tag::kWeights).value();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(pool.sleep({Tag::kWeights}));
+    ASSERT_TRUE(pool.wake(TagSet::all()));
+    EXPECT_EQ(pool.usage()[Tag::kWeights].kept_host_bytes, 0u);
+  }
+  EXPECT_EQ(b->allocated, 3);
+  EXPECT_EQ(b->retained, 0);
+  ASSERT_TRUE(pool.free(w.id));
+}
+
 TEST(MemoryPoolHost, FreeReturnsTheMemoryAndTheAddresses) {
   MemoryPool pool = make_pool();
   Allocation a = pool.allocate(32 * kMiB, Tag::kScratch).value();

@@ -1,9 +1,11 @@
 #include "model/cpu/qwen3_cpu.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <string>
 
 #include "common/log.h"
@@ -59,6 +61,18 @@ std::vector<WeightSlot> weight_slots(const ModelConfig& cfg, Weights& w) {
 }
 
 }  // namespace
+
+std::map<std::string, TensorPlace> tensor_places(const ModelConfig& cfg) {
+  Weights w;
+  std::map<std::string, TensorPlace> out;
+  size_t offset = 0;
+  for (const WeightSlot& s : weight_slots(cfg, w)) {
+    const size_t n = static_cast<size_t>(numel(s.shape));
+    out.emplace(s.name, TensorPlace{offset, n});
+    offset += n;
+  }
+  return out;
+}
 
 size_t weights_numel(const ModelConfig& cfg) {
   Weights w;
@@ -147,24 +161,137 @@ Result<void> CpuQwen3::reserve_memory(const std::filesystem::path& model_dir, in
   return {};
 }
 
-Result<void> CpuQwen3::reload_weights(const std::filesystem::path& model_dir) {
-  const std::string where = "reload_weights from " + model_dir.string();
+Result<void> CpuQwen3::require_resident_weights(const std::string& where) const {
   auto state = memory_.state(weights_alloc_->id);
   if (!state) return state.error().with_context(where);
   if (*state != memory::AllocationState::kResident)
     return conflict(where + ": the weights memory is " + memory::allocation_state_name(*state) +
                     "; wake it up (wake_up?tags=weights) first");
-  auto next = ModelConfig::load(model_dir);
-  if (!next) return next.error().with_context(where);
-  if (const std::string diff = architecture_differences(cfg_, *next); !diff.empty())
-    return invalid_argument(where + ": the checkpoint has a different architecture (" + diff +
-                            "); an in-place weight update needs the same shapes. Serve that model from a new "
-                            "siesta serve instead");
-  auto store = TensorStore::open(model_dir);
-  if (!store) return store.error().with_context(where);
-  cpu::Weights w;
-  if (auto ok = cpu::load_weights(cfg_, *store, w_.arena, w); !ok)
-    return ok.error().with_context(where);
+  return {};
+}
+
+namespace {
+
+// Checked tensors and where they go in the arena; apply() converts them
+// there, split over the model's threads. Keeps its source (the checkpoint's
+// mapped files, or the shared memory) open until destroyed.
+class CpuWeightWrite final : public PreparedWeightUpdate {
+ public:
+  struct Write {
+    TensorView view;
+    std::span<float> dst;
+  };
+  CpuWeightWrite(ThreadPool& threads, WeightUpdateReport report, std::vector<Write> writes,
+                 std::optional<TensorStore> store, std::optional<SharedWeightFile> file)
+      : threads_(threads),
+        report_(std::move(report)),
+        writes_(std::move(writes)),
+        store_(std::move(store)),
+        file_(std::move(file)) {}
+
+  Result<WeightUpdateReport> apply() override {
+    const auto start = std::chrono::steady_clock::now();
+    std::mutex mu;
+    std::optional<Status> failed;
+    threads_.parallel_for(writes_.size(), [&](size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i)
+        if (auto ok = convert_to_f32(writes_[i].view, writes_[i].dst); !ok) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!failed) failed = ok.error();
+        }
+    });
+    report_.write_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (failed) return failed->with_context("update_weights: writing the weights (some tensors may be written)");
+    return report_;
+  }
+
+ private:
+  ThreadPool& threads_;
+  WeightUpdateReport report_;
+  std::vector<Write> writes_;
+  std::optional<TensorStore> store_;
+  std::optional<SharedWeightFile> file_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<PreparedWeightUpdate>> CpuQwen3::prepare_weight_update(const WeightUpdate& update) {
+  return prepare_update(update, "update_weights");
+}
+
+Result<std::unique_ptr<PreparedWeightUpdate>> CpuQwen3::prepare_update(const WeightUpdate& update,
+                                                                      const std::string& call) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::map<std::string, cpu::TensorPlace> places = cpu::tensor_places(cfg_);
+  const std::vector<TensorSpec> specs = updatable_tensors(cfg_);
+  auto dst = [&](const std::string& name) {
+    const cpu::TensorPlace& p = places.at(name);
+    return std::span<float>(w_.arena.data() + p.offset, p.numel);
+  };
+  WeightUpdateReport report;
+  report.source = update.source;
+  std::vector<CpuWeightWrite::Write> writes;
+  std::optional<TensorStore> kept_store;
+  std::optional<SharedWeightFile> kept_file;
+  switch (update.source) {
+    case WeightSource::kDir: {
+      const std::string where = call + " from " + update.path.string();
+      SIESTA_TRY(require_resident_weights(where));
+      auto next = ModelConfig::load(update.path);
+      if (!next) return next.error().with_context(where);
+      if (const std::string diff = architecture_differences(cfg_, *next); !diff.empty())
+        return invalid_argument(where + ": the checkpoint has a different architecture (" + diff +
+                                "); an in-place weight update needs the same shapes. Serve that model from a new "
+                                "siesta serve instead");
+      auto store = TensorStore::open(update.path);
+      if (!store) return store.error().with_context(where);
+      for (size_t i = 0; i < specs.size(); ++i) {
+        auto v = store->get(specs[i].name, specs[i].shape);
+        if (!v) return v.error().with_context(where);
+        report.bytes += v->nbytes;
+        report.written.push_back(static_cast<int>(i));
+        writes.push_back({std::move(*v), dst(specs[i].name)});
+      }
+      report.from = update.path.string();
+      kept_store = std::move(*store);
+      break;
+    }
+    case WeightSource::kShm: {
+      SIESTA_TRY(require_resident_weights(call + " (shm)"));
+      SIESTA_ASSIGN_OR_RETURN(SharedWeightFile file, SharedWeightFile::open(update));
+      const uint64_t size = file.bytes();
+      SIESTA_ASSIGN_OR_RETURN(std::vector<int> index,
+                              check_pushed_tensors(cfg_, specs, update, std::span<const uint64_t>(&size, 1)));
+      for (size_t i = 0; i < update.tensors.size(); ++i) {
+        const PushedTensor& t = update.tensors[i];
+        if (index[i] < 0) {
+          report.skipped.push_back(t.name);
+          continue;
+        }
+        report.bytes += pushed_tensor_bytes(t);
+        report.written.push_back(index[i]);
+        writes.push_back({file.view(t), dst(t.name)});
+      }
+      report.from = file.name();
+      kept_file = std::move(file);
+      break;
+    }
+    case WeightSource::kCudaIpc:
+      return invalid_argument("update_weights: the CPU model takes weights from \"shm\" (host shared memory) or "
+                              "\"dir\" (a checkpoint); \"cuda_ipc\" needs siesta serve --device cuda");
+  }
+  report.tensors = static_cast<int64_t>(writes.size());
+  report.prepare_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return std::unique_ptr<PreparedWeightUpdate>(std::make_unique<CpuWeightWrite>(
+      threads_, std::move(report), std::move(writes), std::move(kept_store), std::move(kept_file)));
+}
+
+Result<void> CpuQwen3::reload_weights(const std::filesystem::path& model_dir) {
+  WeightUpdate u;
+  u.source = WeightSource::kDir;
+  u.path = model_dir;
+  SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<PreparedWeightUpdate> prepared, prepare_update(u, "reload_weights"));
+  SIESTA_TRY(prepared->apply());
   return {};
 }
 

@@ -4,6 +4,8 @@
 //   SIESTA_ASSIGN_OR_RETURN(auto model, CpuQwen3::load(model_dir, threads, memory, /*scratch_rows=*/2048));
 //   model->forward(batch, kv_view, out);               // kv_view: the KV cache (engine_kv_cache.h)
 //   model->reload_weights(other_dir);                  // in place, same shapes (engine loop, between steps)
+//   auto up = model->prepare_weight_update(update);    // pushed tensors (shm) or a directory: checked
+//   up.value()->apply();                               // ... then written (model/weight_update.h)
 //   model.reset();                                     // frees its pool allocations; before the pool goes
 //
 // Memory. The weights are converted to fp32 at load into one pool allocation
@@ -26,7 +28,9 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <string>
 #include <optional>
 #include <span>
 #include <vector>
@@ -35,6 +39,7 @@
 #include "memory/memory_pool.h"
 #include "model/config.h"
 #include "model/forward.h"
+#include "model/weight_update.h"
 
 namespace siesta {
 
@@ -70,6 +75,14 @@ struct Weights {
 // Floats the weights of a model with this config take.
 size_t weights_numel(const ModelConfig& cfg);
 
+// Where one checkpoint tensor lives in the arena.
+struct TensorPlace {
+  size_t offset = 0;  // floats from the arena's start
+  size_t numel = 0;
+};
+// Every tensor of a Qwen3 checkpoint with this config, by Hugging Face name.
+std::map<std::string, TensorPlace> tensor_places(const ModelConfig& cfg);
+
 // Checks every Qwen3 tensor of `store` (presence, shape, dtype) against cfg,
 // and only then converts them into `arena` (weights_numel(cfg) floats) and
 // points `w` into it. A failed check leaves the arena untouched; errors name
@@ -102,6 +115,11 @@ class CpuQwen3 final : public Model {
   // must be resident (kConflict otherwise). A checkpoint that fails its checks
   // changes nothing.
   Result<void> reload_weights(const std::filesystem::path& model_dir);
+  // An in-place update from a directory (as reload_weights) or host shared
+  // memory (kShm: bf16/f16/f32 tensors converted to fp32). kCudaIpc is
+  // refused: it needs the CUDA model. Everything is checked here; apply()
+  // writes. Same preconditions as reload_weights.
+  Result<std::unique_ptr<PreparedWeightUpdate>> prepare_weight_update(const WeightUpdate& update);
 
   uint64_t weights_bytes() const { return weights_alloc_ ? weights_alloc_->bytes : 0; }
   uint64_t scratch_bytes() const { return scratch_alloc_ ? scratch_alloc_->bytes : 0; }
@@ -111,6 +129,9 @@ class CpuQwen3 final : public Model {
            ThreadPool& threads);
   // Allocates the weights (and scratch for scratch_rows tokens) and reads the checkpoint.
   Result<void> reserve_memory(const std::filesystem::path& model_dir, int32_t scratch_rows);
+  Result<void> require_resident_weights(const std::string& where) const;
+  // prepare_weight_update, with `call` opening its messages.
+  Result<std::unique_ptr<PreparedWeightUpdate>> prepare_update(const WeightUpdate& update, const std::string& call);
 
   ModelConfig cfg_;
   std::unique_ptr<memory::MemoryPool> own_memory_;  // set when load() made the pool

@@ -89,6 +89,12 @@ cudaError_t launch_add_rms_norm(bf16* x, const bf16* delta, const bf16* weight, 
 cudaError_t launch_rope_table(const float* inv_freq, int head_dim, int max_pos, __nv_bfloat162* table,
                               LaunchConfig launch);
 
+// dst[i] = src[i] rounded to bf16 (nearest even), for n elements of float16
+// (src_bytes_per_element 2) or float32 (4): weights pushed in another dtype
+// (weight_convert.cu). src needs only its element alignment.
+cudaError_t launch_convert_to_bf16(const void* src, int src_bytes_per_element, bf16* dst, size_t n,
+                                   cudaStream_t stream);
+
 // Per token t: q/k heads of qkv[t] = [q | k | v] get RMSNorm (q_norm / k_norm
 // weights) and RoPE (rotate-half, with the table above at positions[t]); q
 // goes to q_out[t] ([heads, head_dim]); k and v go to the cache at slots[t]

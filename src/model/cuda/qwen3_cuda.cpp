@@ -4,17 +4,20 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <compare>
 #include <cstddef>
 #include <cstring>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "common/log.h"
 #include "model/cuda/cublaslt_gemm.h"
 #include "model/cuda/cuda_check.h"
+#include "model/cuda/ipc_weights.h"
 #include "model/cuda/kernels.h"
 #include "model/cuda/weight_upload.h"
 #include "model/safetensors.h"
@@ -140,6 +143,18 @@ WeightsLayout weights_layout(const ModelConfig& cfg, int max_model_len) {
   L.bytes = at;
   return L;
 }
+
+// A checked tensor and where it goes: `offset` bytes into the weights buffer.
+struct HostWrite {
+  size_t offset;
+  TensorView view;
+};
+struct DeviceWrite {
+  size_t offset;
+  const std::byte* src;  // device memory (an opened CUDA IPC buffer)
+  DType dtype;
+  size_t bytes;
+};
 
 // Every tensor of the layout from the store (shape and dtype checked), before
 // anything is written.
@@ -286,6 +301,12 @@ struct CudaQwen3::Impl {
   Result<void> load_weights(const TensorStore& store);
   // Writes checked tensors into the weights buffer and computes the RoPE tables.
   Result<void> write_weights(const WeightsLayout& L, const std::vector<TensorView>& views);
+  // Host tensors (checkpoint files, shared memory) to their places, converted to bf16.
+  Result<void> write_host(const std::vector<HostWrite>& items);
+  // Device tensors (CUDA IPC) to their places: copied, or converted on the GPU.
+  Result<void> write_device(const std::vector<DeviceWrite>& items);
+  // inv_freq and the RoPE table, which live with the weights.
+  Result<void> write_rope(const WeightsLayout& L);
   Result<void> init_buffers();
   Result<void> check_cache(const KvCacheView& kv) const;
   Result<PassDevice> upload(const cuda::StepPlan& plan, bool sample, std::span<const cuda::SamplingRow> rows,
@@ -331,13 +352,28 @@ Result<void> CudaQwen3::Impl::load_weights(const TensorStore& store) {
 }
 
 Result<void> CudaQwen3::Impl::write_weights(const WeightsLayout& L, const std::vector<TensorView>& views) {
+  std::vector<HostWrite> items;
+  items.reserve(L.slots.size());
+  for (size_t i = 0; i < L.slots.size(); ++i) items.push_back({L.slots[i].offset, views[i]});
+  SIESTA_TRY(write_host(items));
+  return write_rope(L);
+}
+
+Result<void> CudaQwen3::Impl::write_host(const std::vector<HostWrite>& items) {
   if (!weight_upload) {
-    SIESTA_ASSIGN_OR_RETURN(weight_upload, cuda::WeightUpload::create());
+    SIESTA_ASSIGN_OR_RETURN(weight_upload, cuda::WeightUpload::create(4, size_t{16} << 20, 0, opt.device));
   }
   std::byte* base = weights.as<std::byte>();
+  // bf16 tensors of checkpoint files: read in parallel straight into pinned
+  // memory (WeightUpload::copy_files); the rest through the staging ring.
+  std::vector<cuda::WeightUpload::FilePiece> pieces;
   std::vector<uint16_t> converted;
-  for (size_t i = 0; i < L.slots.size(); ++i) {
-    const TensorView& v = views[i];
+  for (const HostWrite& w : items) {
+    const TensorView& v = w.view;
+    if (v.dtype == DType::kBF16 && v.file_offset >= 0 && !v.file.empty()) {
+      pieces.push_back({v.file, static_cast<uint64_t>(v.file_offset), base + w.offset, v.nbytes});
+      continue;
+    }
     const void* src = v.data;
     size_t bytes = v.nbytes;
     if (v.dtype != DType::kBF16) {
@@ -348,9 +384,32 @@ Result<void> CudaQwen3::Impl::write_weights(const WeightsLayout& L, const std::v
       src = converted.data();
       bytes = converted.size() * sizeof(uint16_t);
     }
-    if (auto ok = weight_upload->copy(base + L.slots[i].offset, src, bytes); !ok)
+    if (auto ok = weight_upload->copy(base + w.offset, src, bytes); !ok)
       return ok.error().with_context("copying " + v.name + " to the GPU");
   }
+  if (auto ok = weight_upload->copy_files(pieces); !ok) return ok.error().with_context("copying the checkpoint to the GPU");
+  return {};
+}
+
+Result<void> CudaQwen3::Impl::write_device(const std::vector<DeviceWrite>& items) {
+  std::byte* base = weights.as<std::byte>();
+  for (const DeviceWrite& w : items) {
+    const size_t n = w.bytes / dtype_size(w.dtype);
+    if (w.dtype == DType::kBF16) {
+      SIESTA_CUDA_TRY(cudaMemcpyAsync(base + w.offset, w.src, w.bytes, cudaMemcpyDeviceToDevice, stream),
+                      "copying pushed weights (CUDA IPC)");
+    } else {
+      SIESTA_CUDA_TRY(cuda::launch_convert_to_bf16(w.src, static_cast<int>(dtype_size(w.dtype)),
+                                                   reinterpret_cast<bf16*>(base + w.offset), n, stream),
+                      "converting pushed weights to bf16 (CUDA IPC)");
+    }
+  }
+  SIESTA_CUDA_TRY(cudaStreamSynchronize(stream), "copying pushed weights (CUDA IPC)");
+  return {};
+}
+
+Result<void> CudaQwen3::Impl::write_rope(const WeightsLayout& L) {
+  std::byte* base = weights.as<std::byte>();
   // As the CPU reference: inv_freq = 1 / theta^(2i / head_dim), in fp32.
   const int HD = cfg.head_dim;
   std::vector<float> inv(static_cast<size_t>(HD / 2));
@@ -865,24 +924,139 @@ size_t CudaQwen3::num_graphs() const { return impl_->graphs.size(); }
 size_t CudaQwen3::weight_bytes() const { return impl_->weights.bytes(); }
 size_t CudaQwen3::scratch_bytes() const { return impl_->scratch.bytes(); }
 
-Result<void> CudaQwen3::reload_weights(const std::filesystem::path& model_dir) {
-  Impl& m = *impl_;
-  const std::string where = "reload_weights from " + model_dir.string();
-  auto next = ModelConfig::load(model_dir);
-  if (!next) return next.error().with_context(where);
-  if (const std::string diff = architecture_differences(m.cfg, *next); !diff.empty())
-    return invalid_argument(where + ": the checkpoint has a different architecture (" + diff +
-                            "); an in-place weight update needs the same shapes. Serve that model from a new "
-                            "siesta serve instead");
-  auto store = TensorStore::open(model_dir);
-  if (!store) return store.error().with_context(where);
-  const WeightsLayout L = weights_layout(m.cfg, m.opt.max_model_len);
-  auto views = checked_tensors(L, *store);
-  if (!views) return views.error().with_context(where);
-  SIESTA_CUDA_TRY(cudaSetDevice(m.opt.device), "selecting the CUDA device");
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+// A checked update of the CUDA model: host tensors (a checkpoint's files,
+// shared memory) or device tensors (CUDA IPC), and the sources they point
+// into, open until the object goes.
+class CudaWeightWrite final : public PreparedWeightUpdate {
+ public:
+  CudaWeightWrite(CudaQwen3::Impl& m, WeightsLayout layout) : m_(m), layout_(std::move(layout)) {}
+
+  Result<WeightUpdateReport> apply() override;
+
+  WeightUpdateReport report;
+  std::vector<HostWrite> host;
+  std::vector<DeviceWrite> device;
+  std::optional<TensorStore> store;
+  std::optional<SharedWeightFile> file;
+  std::optional<cuda::IpcWeightBuffers> ipc;
+
+ private:
+  CudaQwen3::Impl& m_;
+  WeightsLayout layout_;
+};
+
+Result<WeightUpdateReport> CudaWeightWrite::apply() {
+  const auto start = std::chrono::steady_clock::now();
+  SIESTA_CUDA_TRY(cudaSetDevice(m_.opt.device), "selecting the CUDA device");
   // Nothing of the previous call may still read the weights.
-  SIESTA_CUDA_TRY(cudaStreamSynchronize(m.stream), "waiting for the model's stream before a weight reload");
-  if (auto ok = m.write_weights(L, *views); !ok) return ok.error().with_context(where);
+  SIESTA_CUDA_TRY(cudaStreamSynchronize(m_.stream), "waiting for the model's stream before a weight update");
+  auto written = [&](Result<void> r) -> Result<void> {
+    if (!r) return r.error().with_context("update_weights: writing the weights (some tensors may be written)");
+    return {};
+  };
+  SIESTA_TRY(written(m_.write_host(host)));
+  SIESTA_TRY(written(m_.write_device(device)));
+  // The RoPE table lives with the weights: after a sleep that released them it is zero too.
+  SIESTA_TRY(written(m_.write_rope(layout_)));
+  report.write_seconds = seconds_since(start);
+  return report;
+}
+
+Result<std::unique_ptr<PreparedWeightUpdate>> CudaQwen3::prepare_weight_update(const WeightUpdate& update) {
+  return prepare_update(update, "update_weights");
+}
+
+Result<std::unique_ptr<PreparedWeightUpdate>> CudaQwen3::prepare_update(const WeightUpdate& update,
+                                                                       const std::string& call) {
+  Impl& m = *impl_;
+  const auto start = std::chrono::steady_clock::now();
+  const WeightsLayout L = weights_layout(m.cfg, m.opt.max_model_len);
+  std::map<std::string, size_t> offset_of;
+  for (const WeightSlot& slot : L.slots) offset_of.emplace(slot.name, slot.offset);
+  const std::vector<TensorSpec> specs = updatable_tensors(m.cfg);
+  auto w = std::make_unique<CudaWeightWrite>(m, L);
+  WeightUpdateReport& report = w->report;
+  report.source = update.source;
+  switch (update.source) {
+    case WeightSource::kDir: {
+      const std::string where = call + " from " + update.path.string();
+      auto next = ModelConfig::load(update.path);
+      if (!next) return next.error().with_context(where);
+      if (const std::string diff = architecture_differences(m.cfg, *next); !diff.empty())
+        return invalid_argument(where + ": the checkpoint has a different architecture (" + diff +
+                                "); an in-place weight update needs the same shapes. Serve that model from a new "
+                                "siesta serve instead");
+      auto store = TensorStore::open(update.path);
+      if (!store) return store.error().with_context(where);
+      auto views = checked_tensors(L, *store);
+      if (!views) return views.error().with_context(where);
+      for (size_t i = 0; i < L.slots.size(); ++i) {
+        report.bytes += (*views)[i].nbytes;
+        w->host.push_back({L.slots[i].offset, std::move((*views)[i])});
+      }
+      for (size_t i = 0; i < specs.size(); ++i) report.written.push_back(static_cast<int>(i));
+      report.from = update.path.string();
+      w->store = std::move(*store);
+      break;
+    }
+    case WeightSource::kShm: {
+      SIESTA_ASSIGN_OR_RETURN(SharedWeightFile file, SharedWeightFile::open(update));
+      const uint64_t size = file.bytes();
+      SIESTA_ASSIGN_OR_RETURN(std::vector<int> index,
+                              check_pushed_tensors(m.cfg, specs, update, std::span<const uint64_t>(&size, 1)));
+      for (size_t i = 0; i < update.tensors.size(); ++i) {
+        const PushedTensor& t = update.tensors[i];
+        if (index[i] < 0) {
+          report.skipped.push_back(t.name);
+          continue;
+        }
+        report.bytes += pushed_tensor_bytes(t);
+        report.written.push_back(index[i]);
+        w->host.push_back({offset_of.at(t.name), file.view(t)});
+      }
+      report.from = file.name();
+      w->file = std::move(file);
+      break;
+    }
+    case WeightSource::kCudaIpc: {
+      SIESTA_ASSIGN_OR_RETURN(cuda::IpcWeightBuffers ipc, cuda::IpcWeightBuffers::open(update.buffers, m.opt.device));
+      SIESTA_ASSIGN_OR_RETURN(std::vector<int> index, check_pushed_tensors(m.cfg, specs, update, ipc.sizes()));
+      for (size_t i = 0; i < update.tensors.size(); ++i) {
+        const PushedTensor& t = update.tensors[i];
+        if (index[i] < 0) {
+          report.skipped.push_back(t.name);
+          continue;
+        }
+        const uint64_t bytes = pushed_tensor_bytes(t);
+        report.bytes += bytes;
+        report.written.push_back(index[i]);
+        w->device.push_back({offset_of.at(t.name), ipc.data(t.buffer) + t.offset, t.dtype, static_cast<size_t>(bytes)});
+      }
+      report.from = "cuda_ipc: " + std::to_string(update.buffers.size()) + " buffers (" +
+                    std::to_string(ipc.handles_opened()) + " handles)";
+      w->ipc = std::move(ipc);
+      break;
+    }
+  }
+  report.tensors = static_cast<int64_t>(report.written.size());
+  report.prepare_seconds = seconds_since(start);
+  return std::unique_ptr<PreparedWeightUpdate>(std::move(w));
+}
+
+Result<void> CudaQwen3::reload_weights(const std::filesystem::path& model_dir) {
+  WeightUpdate u;
+  u.source = WeightSource::kDir;
+  u.path = model_dir;
+  SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<PreparedWeightUpdate> prepared, prepare_update(u, "reload_weights"));
+  SIESTA_TRY(prepared->apply());
   return {};
 }
 std::vector<std::pair<std::string, double>> CudaQwen3::profile() const { return impl_->profile_ms; }

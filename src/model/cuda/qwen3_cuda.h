@@ -55,6 +55,7 @@
 #include "model/cuda/device_allocator.h"
 #include "model/cuda/step_plan.h"
 #include "model/forward.h"
+#include "model/weight_update.h"
 
 namespace siesta {
 
@@ -188,6 +189,13 @@ class CudaQwen3 final : public Model {
   // what differs) and every tensor is checked before anything is written; the
   // weights memory must be mapped (the caller's pool is awake for `weights`).
   Result<void> reload_weights(const std::filesystem::path& model_dir);
+  // An in-place update (model/weight_update.h) from a directory (as
+  // reload_weights; bf16 tensors read from the files in parallel straight
+  // into pinned memory), host shared memory, or CUDA IPC buffers of another
+  // process on this GPU (copied device to device; float16/float32 converted
+  // to bf16 by a kernel). Checks everything, opens the IPC handles; apply()
+  // writes and recomputes the RoPE table. The weights memory must be mapped.
+  Result<std::unique_ptr<PreparedWeightUpdate>> prepare_weight_update(const WeightUpdate& update);
 
   const CudaModelOptions& options() const;
   // With options.profile: milliseconds per kernel group since the last reset,
@@ -208,6 +216,8 @@ class CudaQwen3 final : public Model {
 
  private:
   explicit CudaQwen3(std::unique_ptr<Impl> impl);
+  // prepare_weight_update, with `call` opening its messages.
+  Result<std::unique_ptr<PreparedWeightUpdate>> prepare_update(const WeightUpdate& update, const std::string& call);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -2,6 +2,7 @@
 //
 //   SIESTA_ASSIGN_OR_RETURN(auto up, WeightUpload::create());
 //   SIESTA_TRY(up->copy(device_dst, mmapped_tensor, bytes));   // returns when the copy is done
+//   SIESTA_TRY(up->copy_files(pieces));                        // checkpoint files, read in parallel
 //
 // A tensor comes from a memory-mapped safetensors file: ordinary pageable
 // memory whose pages fault in on first touch. A plain cudaMemcpy from it runs
@@ -10,11 +11,25 @@
 // in) slices of the tensor into the slots in parallel while the DMA engine
 // moves the previous slots to the device. Used at load and by
 // CudaQwen3::reload_weights (sleep level 2, in-place weight updates).
+//
+// copy_files is the checkpoint's fast path: no mapping is touched. The pieces
+// (file ranges and their device destinations) are cut into reads of up to
+// one slot; each copy thread owns two pinned slots, a stream and an event per
+// slot, and loops: wait until its slot's last DMA is done, pread the next
+// read straight into it (page cache -> pinned memory, no page faults), issue
+// the slot's cudaMemcpyAsync to each destination in it, and take the next
+// read while that DMA runs. Files are read in parallel (as many reads in
+// flight as threads), and the DMAs of different threads overlap each other
+// and the reads, so a checkpoint in the page cache arrives at about the
+// smaller of the pinned host-to-device bandwidth and the threads' pread rate.
 // Thread safety: one thread at a time (the model's owner).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <span>
+#include <string>
 
 #include "common/status.h"
 
@@ -22,14 +37,29 @@ namespace siesta::cuda {
 
 class WeightUpload {
  public:
-  // slots x slot_bytes of pinned host memory; copy_threads 0: min(8, cores).
+  // slots x slot_bytes of pinned host memory; copy_threads 0: min(8, cores)
+  // (copy_files: min(12, cores), two slots of file_slot_bytes each, pinned
+  // at its first call). `device`: the CUDA device the copies go to.
   static Result<std::unique_ptr<WeightUpload>> create(size_t slots = 4, size_t slot_bytes = size_t{16} << 20,
-                                                      size_t copy_threads = 0);
+                                                      size_t copy_threads = 0, int device = 0,
+                                                      size_t file_slot_bytes = size_t{8} << 20);
   ~WeightUpload();
   WeightUpload(const WeightUpload&) = delete;
   WeightUpload& operator=(const WeightUpload&) = delete;
 
   Result<void> copy(void* device_dst, const void* host_src, size_t bytes);
+
+  // `bytes` of file `path` from `offset` go to device_dst.
+  struct FilePiece {
+    std::string path;
+    uint64_t offset = 0;
+    void* device_dst = nullptr;
+    size_t bytes = 0;
+  };
+  // Copies every piece (any order, any files) as the header says; returns when
+  // every byte is on the device. An error (a short read, a CUDA error) names
+  // the file; copies already issued are waited for first.
+  Result<void> copy_files(std::span<const FilePiece> pieces);
 
   struct State;
 
