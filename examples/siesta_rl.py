@@ -61,6 +61,9 @@ class Process:
 
     def admin(self, path, body=None):
         """POST an admin call; (answer, client seconds). Fails loudly on anything but 200."""
+        # siesta's whole status in the answer (vLLM's bodies otherwise: empty for /sleep and /wake_up).
+        if "verbose=" not in path:
+            path += ("&" if "?" in path else "?") + "verbose=true"
         t0 = time.monotonic()
         status, j = self.request("POST", path, body)
         dt = time.monotonic() - t0
@@ -134,7 +137,9 @@ def ipc_buffer(ptr, nbytes):
         raise RuntimeError(f"cuIpcGetMemHandle failed: CUDA error {r} (memory of PYTORCH_CUDA_ALLOC_CONF="
                            "expandable_segments cannot be shared this way)")
     assert ptr + nbytes <= base.value + size.value
-    return {"handle": base64.b64encode(bytes(h.reserved)).decode(), "offset": ptr - base.value, "bytes": nbytes}
+    # All 64 bytes of the handle (the field's value would stop at its first zero byte).
+    raw = ctypes.string_at(ctypes.addressof(h), ctypes.sizeof(h))
+    return {"handle": base64.b64encode(raw).decode(), "offset": ptr - base.value, "bytes": nbytes}
 
 
 def pack_params(named, flat=None, align=256):
