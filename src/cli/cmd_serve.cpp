@@ -4,7 +4,7 @@
 //              [--no-enable-prefix-caching] [--threads N] [--seed S]
 //              [--enable-sleep-mode] [--max-held-requests N]
 //              [--device cpu|cuda] [--gpu-memory-utilization F] [--batch-invariant]
-//              [--kv-transfer-config JSON]
+//              [--kv-transfer-config JSON] [HTTP limits: cli/http_flags.h]
 //
 // --kv-transfer-config (vLLM's shape, src/pd/pd_config.h) makes the engine a
 // P/D prefill (kv_producer), decode (kv_consumer) or both (kv_both) instance
@@ -23,6 +23,7 @@
 
 #include "cli/commands.h"
 #include "cli/device_flags.h"
+#include "cli/http_flags.h"
 #include "engine/engine.h"
 #include "pd/pd_config.h"
 #include "pd/siesta_connector.h"
@@ -35,6 +36,7 @@ struct ServeFlags {
   EngineOptions engine;
   server::ServerOptions server;
   DeviceFlags device;
+  HttpFlags http;
   int64_t max_model_len = 0;
   int64_t num_kv_blocks = 0;
   int64_t seed = -1;
@@ -44,6 +46,8 @@ struct ServeFlags {
 
 Result<void> run_serve(ServeFlags& f) {
   SIESTA_TRY(f.device.apply(f.engine));
+  SIESTA_ASSIGN_OR_RETURN(f.server.http, f.http.options());
+  raise_open_file_limit();
   if (f.max_model_len > 0) f.engine.max_model_len = static_cast<int32_t>(f.max_model_len);
   if (f.num_kv_blocks > 0) f.engine.num_kv_blocks = static_cast<int32_t>(f.num_kv_blocks);
   if (f.seed >= 0) f.engine.seed = static_cast<uint64_t>(f.seed);
@@ -99,7 +103,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--port", f->server.port, "Port to listen on (0: any free port)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
-  cmd->add_option("--api-key", f->server.api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
+  cmd->add_option("--api-key", f->server.api_key, "Require 'Authorization: Bearer KEY' on every route but /health (P/D: /kv_transfer_info too; a decode "
+                  "engine sends its own key to look up a prefill engine)");
   cmd->add_option("--served-model-name", f->server.served_model_name, "Model name in the API (default: --model)");
   cmd->add_option("--max-model-len", f->max_model_len,
                   "Prompt + output tokens per request (default: the model's max_position_embeddings, "
@@ -129,8 +134,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--threads", f->engine.threads, "CPU threads for the model (0: all cores)")->capture_default_str();
   cmd->add_option("--seed", f->seed, "Seed of the sampler for requests without their own seed (default: random)")
       ->check(CLI::Range(int64_t{0}, INT64_MAX));
-  cmd->add_option("--max-request-body-bytes", f->server.max_request_body_bytes, "Larger bodies get 413")
-      ->capture_default_str();
+  f->http.add_to(*cmd);
   cmd->add_option("--http-threads", f->server.http_threads,
                   "HTTP worker threads (0: max-num-seqs + 64; a request holds one while it runs)")
       ->capture_default_str();

@@ -7,6 +7,8 @@
 #include <limits>
 #include <memory>
 
+#include "common/json_depth.h"
+
 namespace siesta::pd {
 namespace {
 
@@ -162,8 +164,8 @@ Result<PdMessage> decode_object(const json& j) {
 }
 
 Result<json> parse(std::string_view payload) {
-  json j = json::parse(payload, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return corrupt("P/D message is not JSON");
+  Result<json> j = parse_json(payload);
+  if (!j) return corrupt("P/D message: " + j.error().message);
   return j;
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "memory/tag.h"
+#include "server/admin_params.h"
 #include "server/json_fields.h"
 
 namespace siesta::server {
@@ -82,6 +83,9 @@ bool check_sleep_mode(const ServerContext& ctx, const httplib::Request& req, htt
   return false;
 }
 
+}  // namespace
+
+// The query and body readers of the routes (admin_params.h).
 Result<std::optional<bool>> bool_param(const httplib::Request& req, const char* name) {
   if (!req.has_param(name)) return std::optional<bool>{};
   const std::string v = req.get_param_value(name);
@@ -154,6 +158,8 @@ Result<std::optional<std::filesystem::path>> model_dir_of(const nlohmann::json& 
   if (model->empty()) return invalid_argument("'model' must name a checkpoint directory, got an empty string");
   return std::optional<std::filesystem::path>{std::filesystem::path(*model)};
 }
+
+namespace {
 
 void answer(httplib::Response& res, const Result<EngineStatus>& r) {
   if (!r) return send_error(res, ApiError::from_status(r.error()));

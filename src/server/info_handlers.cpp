@@ -6,9 +6,7 @@
 #include "server/prometheus_text.h"
 
 namespace siesta::server {
-namespace {
 
-// The text /tokenize encodes: a prompt, or a conversation in the chat format.
 Result<std::string> tokenize_text(const nlohmann::json& body) {
   if (!body.is_object()) return invalid_argument("the request body must be a JSON object, got " + json_type_name(body));
   SIESTA_ASSIGN_OR_RETURN(std::optional<std::string> prompt, read_string(body, "prompt"));
@@ -19,8 +17,6 @@ Result<std::string> tokenize_text(const nlohmann::json& body) {
   if (!has_messages) return invalid_argument("'prompt' (a string) or 'messages' is required");
   return render_chat_body(body, *m);
 }
-
-}  // namespace
 
 void handle_models(ServerContext& ctx, const httplib::Request&, httplib::Response& res) {
   nlohmann::json model{{"id", ctx.options.served_model_name},

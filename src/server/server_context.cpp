@@ -4,6 +4,8 @@
 
 #include <random>
 
+#include "common/json_depth.h"
+
 namespace siesta::server {
 
 std::string dump_json(const nlohmann::json& j) {
@@ -33,6 +35,13 @@ bool read_body(const httplib::Request& req, const httplib::ContentReader& reader
 }
 
 bool parse_json_body(const std::string& body, httplib::Response& res, nlohmann::json& out) {
+  // The HTTP intake refuses bodies deeper than --max-json-depth before a
+  // handler runs; this holds where nothing else did (the intake's check off).
+  if (Result<void> depth = check_json_depth(body, kMaxJsonDepthLimit); !depth) {
+    send_error(res, ApiError{400, "invalid_request_error", "json_too_deep", "the request body: " + depth.error().message,
+                             {}});
+    return false;
+  }
   out = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (out.is_discarded()) {
     send_error(res, ApiError{400, "invalid_request_error", "invalid_json",
