@@ -124,7 +124,7 @@ class Consumer {
   void run_read_confirm(const RequestId& id);
 
   PdContext& ctx_;
-  PrefillLocator locator_;
+  PrefillLocator locator_{ctx_.config.http_api_key};
   mutable std::mutex mu_;
   std::unordered_map<RequestId, Load> loads_;
 };

@@ -32,6 +32,7 @@ Result<std::unique_ptr<SiestaConnector>> SiestaConnector::create(const PdConfig&
   tc.side_channel.host = config.side_channel_host;
   tc.side_channel.port = config.side_channel_port;
   tc.side_channel.handler_threads = 2;
+  tc.side_channel.auth_key = config.auth_key;
   tc.sleep_mode = sleep_mode;
   tc.max_regions = 16;
   tc.ucx_transports = config.ucx_transports;
