@@ -52,6 +52,10 @@ Result<void> check_json_depth(std::string_view text, size_t max_depth) {
 
 Result<nlohmann::json> parse_json(std::string_view text, size_t max_depth) {
   SIESTA_TRY(check_json_depth(text, max_depth));
+  // nlohmann's parser ends the text at a NUL byte and ignores what follows;
+  // JSON has none outside escapes, so a text with one is not JSON.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+    return corrupt("not valid JSON: a NUL byte at offset " + std::to_string(nul));
   try {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {

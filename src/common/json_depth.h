@@ -59,9 +59,10 @@ std::string json_too_deep_message(size_t max_depth);
 // kInvalidArgument with json_too_deep_message when `text` nests deeper than max_depth.
 Result<void> check_json_depth(std::string_view text, size_t max_depth = kDefaultMaxJsonDepth);
 
-// The depth check, then nlohmann's parser (no exceptions). Too deep:
-// kInvalidArgument naming the limit; not JSON: kCorrupt naming nlohmann's
-// reason and the byte where it stopped.
+// The depth check, then nlohmann's parser (no exceptions escape). Too deep:
+// kInvalidArgument naming the limit; not JSON (a raw NUL byte included, which
+// nlohmann alone would take for the end of the text): kCorrupt naming the
+// reason and where it was found.
 Result<nlohmann::json> parse_json(std::string_view text, size_t max_depth = kDefaultMaxJsonDepth);
 
 }  // namespace siesta

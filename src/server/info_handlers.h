@@ -16,10 +16,6 @@
 
 namespace siesta::server {
 
-// The text /tokenize encodes: the body's prompt, or its conversation in the
-// chat format (a pure function; fuzzed).
-Result<std::string> tokenize_text(const nlohmann::json& body);
-
 void handle_models(ServerContext& ctx, const httplib::Request& req, httplib::Response& res);
 void handle_tokenize(ServerContext& ctx, const std::string& body, httplib::Response& res);
 void handle_detokenize(ServerContext& ctx, const std::string& body, httplib::Response& res);
