@@ -30,8 +30,10 @@ constexpr size_t kReadChunk = 64 * 1024;
 constexpr uint32_t kHandshakePayload = 4096;
 // How often the listener looks for connections past their deadlines.
 constexpr auto kSweepInterval = std::chrono::milliseconds(250);
-// At most one warning about refused connections per this interval.
+// At most one warning about refused connections, and kWarnBurst about
+// closed ones, per this interval.
 constexpr auto kWarnInterval = std::chrono::seconds(10);
+constexpr size_t kWarnBurst = 20;
 // How long a caller waits past its deadline for the I/O thread to report the
 // timeout it enforces itself, before giving up on it.
 constexpr auto kDeadlineGrace = std::chrono::milliseconds(200);
@@ -116,6 +118,28 @@ struct SideChannel::Impl {
   asio::steady_timer sweep_timer{io};
   Clock::time_point next_warning{};
   size_t refused_since_warning = 0;
+  // Lines about closed connections: at most kWarnBurst per kWarnInterval (a
+  // flood of bad connections must not flood the log).
+  Clock::time_point warn_window{};
+  size_t warned_in_window = 0;
+  size_t not_warned = 0;
+  bool may_warn() {
+    const Clock::time_point now = Clock::now();
+    if (now - warn_window >= kWarnInterval) {
+      if (not_warned > 0)
+        SIESTA_LOG_WARN("side channel {}: {} more connections closed for protocol violations in the last {} s",
+                        address, not_warned, std::chrono::duration_cast<std::chrono::seconds>(kWarnInterval).count());
+      warn_window = now;
+      warned_in_window = 0;
+      not_warned = 0;
+    }
+    if (warned_in_window < kWarnBurst) {
+      ++warned_in_window;
+      return true;
+    }
+    ++not_warned;
+    return false;
+  }
 
   explicit Impl(const SideChannelOptions& o, RequestHandler h)
       : options(o), handler(std::move(h)), handlers(o.handler_threads == 0 ? 1 : o.handler_threads) {}
@@ -258,8 +282,9 @@ struct ServerConnection : std::enable_shared_from_this<ServerConnection> {
   void on_auth(const Frame& frame) {
     Result<FrameSession> s = handshake->verify(frame);
     if (!s) {
-      SIESTA_LOG_WARN("side channel {}: {} from {}: {}", owner->address, frame_type_name(frame.type), remote,
-                      s.error().message);
+      if (owner->may_warn())
+        SIESTA_LOG_WARN("side channel {}: {} from {}: {}", owner->address, frame_type_name(frame.type), remote,
+                        s.error().message);
       return refuse(s.error().message);
     }
     session.emplace(std::move(*s));
@@ -291,7 +316,7 @@ struct ServerConnection : std::enable_shared_from_this<ServerConnection> {
 
   // A protocol violation: one log line, then the connection is closed.
   void drop(const Status& why) {
-    if (!owner->stopped)
+    if (!owner->stopped && owner->may_warn())
       SIESTA_LOG_WARN("side channel {}: closing the connection from {}: {}", owner->address, remote, why.message);
     close();
   }
