@@ -26,22 +26,34 @@ void require(bool ok) {
 
 }  // namespace
 
+// The first byte picks the parser (each input exercises one, so that every
+// execution counts); the rest is what a peer, an instance or a user sends.
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string text(reinterpret_cast<const char*>(data), size);
-  for (bool need_address : {false, true}) {
-    Result<nlohmann::json> params = proxy::prefill_kv_transfer_params(text, need_address);
-    if (params) require(params->is_object());
+  if (size == 0) return 0;
+  const std::string text(reinterpret_cast<const char*>(data) + 1, size - 1);
+  switch (data[0] % 4) {
+    case 0: {  // the proxy: a prefill answer, and the legs built from a client body
+      Result<nlohmann::json> params = proxy::prefill_kv_transfer_params(text, (data[0] & 4) != 0);
+      if (params) require(params->is_object());
+      if (Result<nlohmann::json> body = parse_json(text); body && body->is_object()) {
+        for (proxy::Endpoint e : {proxy::Endpoint::kCompletions, proxy::Endpoint::kChatCompletions})
+          require(proxy::prefill_request_body(*body, e).is_object());
+        (void)proxy::decode_request_body_concurrent(*body, "req-1", "http://127.0.0.1:1").dump();
+        if (auto it = body->find("kv_transfer_params"); it != body->end())
+          (void)proxy::decode_request_body_sequential(*body, *it).dump();
+      }
+      break;
+    }
+    case 1:  // a P/D request over the side channel
+      if (auto m = pd::decode_message(text); !m) require(!m.error().message.empty());
+      break;
+    case 2:  // a written notification and a reply, logits attached
+      if (auto w = pd::decode_written(text); !w) require(!w.error().message.empty());
+      if (auto r = pd::decode_reply(text); !r) require(!r.error().message.empty());
+      break;
+    default:
+      if (auto c = pd::parse_kv_transfer_config(text); !c) require(!c.error().message.empty());
+      break;
   }
-  if (Result<nlohmann::json> body = parse_json(text); body && body->is_object()) {
-    for (proxy::Endpoint e : {proxy::Endpoint::kCompletions, proxy::Endpoint::kChatCompletions})
-      require(proxy::prefill_request_body(*body, e).is_object());
-    (void)proxy::decode_request_body_concurrent(*body, "req-1", "http://127.0.0.1:1").dump();
-    if (auto it = body->find("kv_transfer_params"); it != body->end())
-      (void)proxy::decode_request_body_sequential(*body, *it).dump();
-  }
-  if (auto m = pd::decode_message(text); !m) require(!m.error().message.empty());
-  if (auto w = pd::decode_written(text); !w) require(!w.error().message.empty());
-  if (auto r = pd::decode_reply(text); !r) require(!r.error().message.empty());
-  if (auto c = pd::parse_kv_transfer_config(text); !c) require(!c.error().message.empty());
   return 0;
 }
