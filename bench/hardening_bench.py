@@ -196,8 +196,8 @@ def partial_frames(p, address, n=60):
 
 def loads(port, headers):
     _, text = get(port, "/metrics", headers=headers)
-    m = re.search(r'siesta:kv_loads_total\{outcome="loaded"\} (\d+)', text.decode())
-    return int(m.group(1)) if m else 0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.decode().splitlines()
+               if line.startswith("siesta:kv_loads_total{") and 'outcome="loaded"' in line)
 
 
 def complete(port, headers):
