@@ -17,7 +17,9 @@ siesta binaries in the same run (e.g. before and after a change):
                  2^64-1, sent to the prefill engine without any key: whether
                  the next requests through the proxy still load their KV
 
-  python3 bench/hardening_bench.py --binary before=/path/siesta --binary after=build/bin/siesta
+  python3 bench/hardening_bench.py --binary before@COMMIT=/path/siesta --binary after=build/bin/siesta
+
+(LABEL@COMMIT records the commit a binary was built from; the default is this checkout's.)
 
 Writes --out (bench/results/hardening.json): machine, date, commit, and per
 binary every figure; prints one table.
@@ -277,7 +279,7 @@ def measure(label, binary, logs):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--binary", action="append", required=True, help="LABEL=PATH, repeatable")
+    ap.add_argument("--binary", action="append", required=True, help="LABEL[@COMMIT]=PATH, repeatable")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "hardening.json"))
     a = ap.parse_args()
     logs = tempfile.mkdtemp(prefix="siesta-hardening-bench-")
@@ -291,7 +293,10 @@ def main():
               "commit": commit, "runs": []}
     for spec in a.binary:
         label, path = spec.split("=", 1)
-        result["runs"].append(measure(label, os.path.abspath(path), logs))
+        label, _, built_from = label.partition("@")
+        run = measure(label, os.path.abspath(path), logs)
+        run["built_from"] = built_from or commit
+        result["runs"].append(run)
     print(f"{'':10} {'what':46} " + " ".join(f"{r['label']:>16}" for r in result["runs"]))
 
     def row(what, get_value):
