@@ -140,8 +140,13 @@ def main():
     p_device = ["--device", a.p_device or a.device]
     d_device = ["--device", a.d_device or a.device]
 
+    # The side channel's shared secret (P and D must hold the same).
+    key_file = os.path.join(logs, "side_channel.key")
+    with open(os.open(key_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write(os.urandom(32).hex())
+
     def cfg(role):
-        extra = {"backend": a.backend, "mode": a.mode}
+        extra = {"backend": a.backend, "mode": a.mode, "auth_key_file": key_file}
         if a.ipc_copy:
             extra["ipc_copy"] = a.ipc_copy
         return json.dumps({"kv_connector": "SiestaConnector", "kv_role": role, "kv_connector_extra_config": extra})

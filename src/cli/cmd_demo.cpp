@@ -26,6 +26,7 @@
 // stopped on exit and on Ctrl-C (and by the kernel if this process is killed);
 // their logs are kept in --logs, or in a temporary folder that is removed
 // unless something failed.
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -50,6 +51,7 @@
 #include "cli/commands.h"
 #include "cli/http_client.h"
 #include "memory/cuda_backend.h"
+#include "transfer/frame_auth.h"
 
 namespace siesta::cli {
 namespace {
@@ -164,11 +166,26 @@ Result<std::string> pick_device(const std::string& requested) {
   return std::string("cpu");
 }
 
-std::string connector_config(const std::string& role, const DemoFlags& f) {
+std::string connector_config(const std::string& role, const DemoFlags& f, const fs::path& auth_key_file) {
   json c = {{"kv_connector", "SiestaConnector"},
             {"kv_role", role},
-            {"kv_connector_extra_config", {{"backend", f.backend}, {"mode", f.mode}}}};
+            {"kv_connector_extra_config",
+             {{"backend", f.backend}, {"mode", f.mode}, {"auth_key_file", auth_key_file.string()}}}};
   return c.dump();
+}
+
+// A new secret for P's and D's side channel (32 random bytes, hex), in a file
+// only this user may read.
+Result<void> write_auth_key(const fs::path& file) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string key;
+  for (int i = 0; i < 2; ++i)
+    for (unsigned char c : transfer::random_nonce()) key += {kHex[c >> 4], kHex[c & 15]};
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const bool ok = fd >= 0 && ::write(fd, key.data(), key.size()) == static_cast<ssize_t>(key.size());
+  if (fd >= 0) ::close(fd);
+  if (!ok) return io_error("cannot write the side channel's key to " + file.string());
+  return {};
 }
 
 std::vector<std::string> engine_args(const fs::path& model, const std::string& device, int threads) {
@@ -523,10 +540,14 @@ Result<bool> run_demo(const DemoFlags& f) {
   auto start = [&](const std::string& name, std::vector<std::string> args) {
     return ChildProcess::start(name, exe, args, logs / (name + ".log"));
   };
+  const fs::path key_file = logs / "side_channel.key";
+  SIESTA_TRY(write_auth_key(key_file));
   std::vector<std::string> p_args = engine_args(model, device, threads);
-  p_args.insert(p_args.end(), {"--kv-transfer-config", connector_config("kv_producer", f), "--enable-sleep-mode"});
+  p_args.insert(p_args.end(),
+                {"--kv-transfer-config", connector_config("kv_producer", f, key_file), "--enable-sleep-mode"});
   std::vector<std::string> d_args = engine_args(model, device, threads);
-  d_args.insert(d_args.end(), {"--kv-transfer-config", connector_config("kv_consumer", f), "--enable-sleep-mode"});
+  d_args.insert(d_args.end(),
+                {"--kv-transfer-config", connector_config("kv_consumer", f, key_file), "--enable-sleep-mode"});
 
   SIESTA_ASSIGN_OR_RETURN(ChildProcess colocated, start("colocated", engine_args(model, device, threads)));
   ChildRegistration reg_c(colocated);

@@ -1,6 +1,7 @@
 // siesta proxy --prefill URL... --decode URL... [--host H] [--port N]
 //              [--mode concurrent|sequential] [--timeout-s S] [--api-key K]
 //              [--connect-timeout-s S] [--health-interval-s S] [--health-timeout-s S] [--max-connections N]
+//              [--allow-unauthenticated-admin] [--metrics-require-key] [HTTP limits: cli/http_flags.h]
 //
 // The P/D router (src/proxy/README.md). Prints "siesta proxy: listening on
 // http://H:N" on stdout once it accepts connections, runs until SIGINT or
@@ -13,6 +14,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/http_flags.h"
 #include "proxy/proxy.h"
 
 namespace siesta::cli {
@@ -29,7 +31,10 @@ struct ProxyOptions {
   double health_interval_s = 5;
   double health_timeout_s = 2;
   std::string api_key;
+  bool allow_unauthenticated_admin = false;
+  bool metrics_require_key = false;
   size_t max_connections = 128;
+  HttpFlags http;
 };
 
 Result<std::chrono::milliseconds> millis(double seconds, const char* option) {
@@ -56,7 +61,10 @@ Result<proxy::ProxyConfig> make_config(const ProxyOptions& opt) {
   SIESTA_ASSIGN_OR_RETURN(config.health_interval, millis(opt.health_interval_s, "--health-interval-s"));
   SIESTA_ASSIGN_OR_RETURN(config.health_timeout, millis(opt.health_timeout_s, "--health-timeout-s"));
   config.api_key = opt.api_key;
+  config.allow_unauthenticated_admin = opt.allow_unauthenticated_admin;
+  config.metrics_require_key = opt.metrics_require_key;
   config.max_connections = opt.max_connections;
+  SIESTA_ASSIGN_OR_RETURN(config.http, opt.http.options());
   SIESTA_TRY(proxy::validate_proxy_config(config));
   return config;
 }
@@ -77,6 +85,10 @@ int run_proxy(const ProxyOptions& opt) {
   // A client or instance that hangs up makes a write fail with EPIPE; the
   // proxy handles that, so the signal must not end the process.
   signal(SIGPIPE, SIG_IGN);
+  raise_open_file_limit();
+  if (opt.api_key.empty() && opt.allow_unauthenticated_admin)
+    std::cerr << "siesta proxy: warning: --allow-unauthenticated-admin without --api-key: anyone who reaches this "
+                 "port can sleep, pause and reload every instance\n";
 
   Result<std::unique_ptr<proxy::Proxy>> running = proxy::Proxy::start(std::move(*config));
   if (!running) {
@@ -120,8 +132,14 @@ void add_proxy_command(CLI::App& app) {
   cmd->add_option("--health-timeout-s", opt->health_timeout_s, "Deadline of one health check")->capture_default_str();
   cmd->add_option("--api-key", opt->api_key,
                   "Required from clients as \"Authorization: Bearer K\"; sent to instances the same way");
-  cmd->add_option("--max-connections", opt->max_connections, "Client connections served at once")
+  cmd->add_flag("--allow-unauthenticated-admin", opt->allow_unauthenticated_admin,
+                "Without --api-key, forward admin calls (/sleep, /pause, /reload_weights, ...) for anyone; by default "
+                "they are refused (403)");
+  cmd->add_flag("--metrics-require-key", opt->metrics_require_key, "With --api-key, /metrics needs the key too");
+  cmd->add_option("--max-connections", opt->max_connections,
+                  "Client requests served at once (one thread each; requests are read before they take one)")
       ->capture_default_str();
+  opt->http.add_to(*cmd);
   cmd->callback([opt] {
     const int code = run_proxy(*opt);
     if (code != 0) throw CLI::RuntimeError(code);

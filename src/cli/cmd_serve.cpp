@@ -4,7 +4,7 @@
 //              [--no-enable-prefix-caching] [--threads N] [--seed S]
 //              [--enable-sleep-mode] [--max-held-requests N]
 //              [--device cpu|cuda] [--gpu-memory-utilization F] [--batch-invariant]
-//              [--kv-transfer-config JSON]
+//              [--kv-transfer-config JSON] [HTTP limits: cli/http_flags.h]
 //              [--chat-template FILE|TEMPLATE] [--enable-auto-tool-choice] [--tool-call-parser hermes]
 //              [--reasoning-parser qwen3] [--trust-request-chat-template]
 //              [--exclude-tools-when-tool-choice-none] [--default-chat-template-kwargs JSON]
@@ -32,6 +32,7 @@
 
 #include "cli/commands.h"
 #include "cli/device_flags.h"
+#include "cli/http_flags.h"
 #include "engine/engine.h"
 #include "pd/pd_config.h"
 #include "pd/siesta_connector.h"
@@ -45,6 +46,7 @@ struct ServeFlags {
   EngineOptions engine;
   server::ServerOptions server;
   DeviceFlags device;
+  HttpFlags http;
   int64_t max_model_len = 0;
   int64_t num_kv_blocks = 0;
   int64_t seed = -1;
@@ -85,6 +87,8 @@ Result<void> run_serve(ServeFlags& f) {
   // A chat template that cannot be used fails before the model loads.
   if (auto t = server::ChatTemplate::load(f.engine.model_dir, f.server.chat_template); !t)
     return t.error().with_context("the chat template cannot be used");
+  SIESTA_ASSIGN_OR_RETURN(f.server.http, f.http.options());
+  raise_open_file_limit();
   if (f.max_model_len > 0) f.engine.max_model_len = static_cast<int32_t>(f.max_model_len);
   if (f.num_kv_blocks > 0) f.engine.num_kv_blocks = static_cast<int32_t>(f.num_kv_blocks);
   if (f.seed >= 0) f.engine.seed = static_cast<uint64_t>(f.seed);
@@ -106,6 +110,8 @@ Result<void> run_serve(ServeFlags& f) {
   if (!f.kv_transfer_config.empty()) {
     SIESTA_ASSIGN_OR_RETURN(pd::PdConfig pd_config, pd::parse_kv_transfer_config(f.kv_transfer_config));
     pd_config.cuda_device = f.engine.cuda_device;
+    pd_config.http_api_key = f.server.api_key;
+    SIESTA_TRY(pd::load_auth_key(pd_config));
     SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<pd::SiestaConnector> c,
                             pd::SiestaConnector::create(pd_config, f.engine.enable_sleep_mode));
     f.server.kv_transfer_info = c->info();
@@ -141,8 +147,9 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
   cmd->add_option("--api-key", f->server.api_key,
-                  "Require 'Authorization: Bearer KEY' on every route but /health, /ping, /version, /metrics and "
-                  "/kv_transfer_info (default: $VLLM_API_KEY)");
+                  "Require 'Authorization: Bearer KEY' on every route but /health, /ping, /version and /metrics "
+                  "(default: $VLLM_API_KEY); P/D: a decode engine sends its own key to look up a prefill engine's "
+                  "/kv_transfer_info");
   cmd->add_flag("--metrics-require-key", f->server.metrics_require_key, "/metrics needs the API key too");
   cmd->add_flag("--vllm-metric-names", f->server.vllm_metric_names,
                 "/metrics adds vllm:-named copies of the metrics vLLM's dashboards chart");
@@ -194,8 +201,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--threads", f->engine.threads, "CPU threads for the model (0: all cores)")->capture_default_str();
   cmd->add_option("--seed", f->seed, "Seed of the sampler for requests without their own seed (default: random)")
       ->check(CLI::Range(int64_t{0}, INT64_MAX));
-  cmd->add_option("--max-request-body-bytes", f->server.max_request_body_bytes, "Larger bodies get 413")
-      ->capture_default_str();
+  f->http.add_to(*cmd);
   cmd->add_option("--http-threads", f->server.http_threads,
                   "HTTP worker threads (0: max-num-seqs + 64; a request holds one while it runs)")
       ->capture_default_str();

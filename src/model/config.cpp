@@ -9,6 +9,8 @@
 #include <optional>
 #include <sstream>
 
+#include "common/json_depth.h"
+
 namespace siesta {
 namespace {
 
@@ -132,11 +134,9 @@ Result<json> read_json_file(const std::filesystem::path& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   if (in.bad()) return io_error(fmt::format("{}: read failed", path.string()));
-  try {
-    return json::parse(ss.str());
-  } catch (const json::exception& e) {
-    return corrupt(fmt::format("{}: not valid JSON: {}", path.string(), e.what()));
-  }
+  Result<json> j = parse_json(ss.str());
+  if (!j) return Status{j.error().code, fmt::format("{}: {}", path.string(), j.error().message)};
+  return j;
 }
 
 }  // namespace

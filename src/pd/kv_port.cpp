@@ -9,7 +9,8 @@ namespace {
 
 class TransferKvPort final : public KvPort {
  public:
-  explicit TransferKvPort(transfer::TransferEngine& transfers) : transfers_(transfers) {}
+  TransferKvPort(transfer::TransferEngine& transfers, std::string http_api_key)
+      : transfers_(transfers), locator_(std::move(http_api_key)) {}
 
   const std::string& engine_id() const override { return transfers_.engine_id(); }
   const std::string& address() const override { return transfers_.address(); }
@@ -66,8 +67,8 @@ class TransferKvPort final : public KvPort {
 
 }  // namespace
 
-std::unique_ptr<KvPort> make_transfer_kv_port(transfer::TransferEngine& transfers) {
-  return std::make_unique<TransferKvPort>(transfers);
+std::unique_ptr<KvPort> make_transfer_kv_port(transfer::TransferEngine& transfers, std::string http_api_key) {
+  return std::make_unique<TransferKvPort>(transfers, std::move(http_api_key));
 }
 
 }  // namespace siesta::pd

@@ -80,7 +80,8 @@ class TaskRunner {
 // "Now", for every deadline of the producer and the consumer.
 using PdClock = std::function<transfer::Clock::time_point()>;
 
-// The KvPort of a real engine: its TransferEngine and a PrefillLocator.
-std::unique_ptr<KvPort> make_transfer_kv_port(transfer::TransferEngine& transfers);
+// The KvPort of a real engine: its TransferEngine and a PrefillLocator that
+// sends `http_api_key` (empty: none) to a prefill instance's /kv_transfer_info.
+std::unique_ptr<KvPort> make_transfer_kv_port(transfer::TransferEngine& transfers, std::string http_api_key = {});
 
 }  // namespace siesta::pd

@@ -2,9 +2,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
+#include <cctype>
 #include <cmath>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <vector>
+
+#include "common/json_depth.h"
+#include "common/log.h"
+#include "transfer/frame_auth.h"
 
 namespace siesta::pd {
 namespace {
@@ -82,8 +91,9 @@ const char* kv_role_name(KvRole role) {
 const char* transfer_mode_name(TransferMode m) { return m == TransferMode::kWrite ? "write" : "read"; }
 
 Result<PdConfig> parse_kv_transfer_config(std::string_view text) {
-  json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return bad("not valid JSON: " + std::string(text.substr(0, 80)));
+  Result<json> parsed = parse_json(text);
+  if (!parsed) return bad(parsed.error().message + ": " + std::string(text.substr(0, 80)));
+  json root = std::move(*parsed);
   if (!root.is_object()) return bad("must be a JSON object, got " + type_of(root));
   SIESTA_TRY(refuse_unknown(root, {"kv_connector", "kv_role", "engine_id", "kv_connector_extra_config"}, "the config"));
 
@@ -113,7 +123,7 @@ Result<PdConfig> parse_kv_transfer_config(std::string_view text) {
                             {"backend", "mode", "side_channel_host", "side_channel_port", "load_timeout_s",
                              "hold_timeout_s", "transfer_timeout_s", "message_timeout_s", "write_grace_s",
                              "worker_threads", "ucx_transports", "ucx_net_devices", "ucx_peer_error_handling",
-                             "ucx_guarded", "ipc_copy"},
+                             "ucx_guarded", "ipc_copy", "auth_key", "auth_key_file", "allow_unauthenticated_peers"},
                             where));
   if (extra.contains("backend")) {
     SIESTA_ASSIGN_OR_RETURN(c.backend, string_field(extra, "backend", where));
@@ -186,6 +196,25 @@ Result<PdConfig> parse_kv_transfer_config(std::string_view text) {
       return bad(where + ".ipc_copy '" + c.ipc_copy + "' is not one of auto, kernel, copy_engine");
   }
 
+  if (extra.contains("auth_key")) {
+    SIESTA_ASSIGN_OR_RETURN(c.auth_key, string_field(extra, "auth_key", where));
+    if (c.auth_key.size() < transfer::kMinAuthKeyBytes)
+      return bad(where + ".auth_key has " + std::to_string(c.auth_key.size()) + " bytes; use at least " +
+                 std::to_string(transfer::kMinAuthKeyBytes) + " (e.g. openssl rand -hex 32)");
+  }
+  if (extra.contains("auth_key_file")) {
+    if (extra.contains("auth_key")) return bad(where + ": give auth_key or auth_key_file, not both");
+    SIESTA_ASSIGN_OR_RETURN(c.auth_key_file, string_field(extra, "auth_key_file", where));
+    if (c.auth_key_file.empty()) return bad(where + ".auth_key_file must name a file");
+  }
+  if (extra.contains("allow_unauthenticated_peers")) {
+    const json& v = extra.at("allow_unauthenticated_peers");
+    if (!v.is_boolean()) return bad(where + ".allow_unauthenticated_peers must be a boolean, got " + type_of(v));
+    c.allow_unauthenticated_peers = v.get<bool>();
+    if (c.allow_unauthenticated_peers && (extra.contains("auth_key") || extra.contains("auth_key_file")))
+      return bad(where + ": allow_unauthenticated_peers: true with an auth key; keep one of them");
+  }
+
   // Combinations: a load waits load_timeout_s in all, and it contains one
   // message round trip and one transfer.
   if (c.consumes() && c.transfer_timeout > c.load_timeout)
@@ -197,6 +226,36 @@ Result<PdConfig> parse_kv_transfer_config(std::string_view text) {
                ") is longer than load_timeout_s (" + seconds_text(c.load_timeout) +
                "); raise load_timeout_s or lower message_timeout_s");
   return c;
+}
+
+Result<void> load_auth_key(PdConfig& config) {
+  const std::string where = "kv_connector_extra_config";
+  if (!config.auth_key_file.empty()) {
+    std::ifstream in(config.auth_key_file, std::ios::binary);
+    if (!in) return bad(where + ".auth_key_file '" + config.auth_key_file + "' cannot be read");
+    std::ostringstream text;
+    text << in.rdbuf();
+    std::string key = text.str();
+    while (!key.empty() && std::isspace(static_cast<unsigned char>(key.back()))) key.pop_back();
+    if (key.size() < transfer::kMinAuthKeyBytes)
+      return bad(where + ".auth_key_file '" + config.auth_key_file + "' holds " + std::to_string(key.size()) +
+                 " bytes; a key needs at least " + std::to_string(transfer::kMinAuthKeyBytes) + " (e.g. openssl rand -hex 32)");
+    struct stat st {};
+    if (::stat(config.auth_key_file.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
+      SIESTA_LOG_WARN("pd: the auth key file {} can be read by other users (mode {:o}); chmod 600 it",
+                      config.auth_key_file, st.st_mode & 0777);
+    config.auth_key = std::move(key);
+  }
+  if (config.auth_key.empty() && !config.allow_unauthenticated_peers)
+    return bad(where + " needs auth_key (a shared secret of at least 16 bytes, the same on the prefill and decode "
+                       "engines) or auth_key_file (a file holding it), so that the side channel trusts only its "
+                       "peers; or allow_unauthenticated_peers: true to run without (anyone who reaches the side "
+                       "channel can then steer transfers)");
+  if (config.auth_key.empty())
+    SIESTA_LOG_WARN("pd: the side channel runs without authentication (allow_unauthenticated_peers): any process "
+                    "that reaches {}:{} can steer this engine's KV transfers",
+                    config.side_channel_host, config.side_channel_port);
+  return {};
 }
 
 }  // namespace siesta::pd

@@ -22,11 +22,20 @@
 //                                  false: one-sided puts and gets with a region-table check
 //      "ipc_copy": "auto" | "kernel" | "copy_engine"  (ipc only; src/transfer/README.md: how
 //                                  CUDA KV pieces are copied; "kernel" across peer GPUs at any size)
+//      "auth_key": "...",          the side channel's shared secret (at least 16 bytes, the same on
+//                                  every engine that talks to this one): peers prove they hold it
+//                                  and every control frame carries a MAC (src/transfer/frame_auth.h)
+//      "auth_key_file": "PATH",    or a file that holds it (one line; kept out of `ps`)
+//      "allow_unauthenticated_peers": false   true: run without a key (anyone who reaches the
+//                                  side channel can then steer transfers); siesta serve refuses a
+//                                  config with neither a key nor this
 //    }}
 //
 // Unknown keys, wrong types, out-of-range values and impossible combinations
 // (a ucx option with the ipc backend, a transfer deadline longer than the
-// load deadline, ...) are refused with one line naming them. A pure function.
+// load deadline, auth_key with auth_key_file, ...) are refused with one line
+// naming them. Parsing is a pure function; load_auth_key() then reads the key
+// file and refuses a config that has no key and does not allow running without one.
 #pragma once
 
 #include <chrono>
@@ -55,6 +64,9 @@ struct PdConfig {
   std::string side_channel_host = "127.0.0.1";
   uint16_t side_channel_port = 0;
   int cuda_device = 0;  // the engine's CUDA device (from --device cuda:N, not from the JSON)
+  // The engine's --api-key (not from the JSON): a consumer sends it to look up a
+  // prefill instance (GET /kv_transfer_info), which requires it when it has one.
+  std::string http_api_key;
   std::chrono::milliseconds load_timeout{30'000};
   std::chrono::milliseconds hold_timeout{120'000};
   std::chrono::milliseconds transfer_timeout{10'000};
@@ -66,6 +78,9 @@ struct PdConfig {
   bool ucx_peer_error_handling = true;
   bool ucx_guarded = true;
   std::string ipc_copy = "auto";
+  std::string auth_key;       // the secret (from auth_key, or read from auth_key_file)
+  std::string auth_key_file;
+  bool allow_unauthenticated_peers = false;
 
   bool produces() const { return role != KvRole::kConsumer; }
   bool consumes() const { return role != KvRole::kProducer; }
@@ -74,5 +89,10 @@ struct PdConfig {
 // Parses the JSON text of --kv-transfer-config. Errors are kInvalidArgument,
 // one line, starting with "--kv-transfer-config: ".
 Result<PdConfig> parse_kv_transfer_config(std::string_view json_text);
+
+// Reads auth_key_file into auth_key (trailing whitespace dropped) and checks
+// that there is a key of at least 16 bytes, or allow_unauthenticated_peers.
+// Errors are kInvalidArgument, one line, naming the file or the keys.
+Result<void> load_auth_key(PdConfig& config);
 
 }  // namespace siesta::pd

@@ -7,6 +7,8 @@
 #include <limits>
 #include <memory>
 
+#include "common/json_depth.h"
+
 namespace siesta::pd {
 namespace {
 
@@ -162,15 +164,16 @@ Result<PdMessage> decode_object(const json& j) {
 }
 
 Result<json> parse(std::string_view payload) {
-  json j = json::parse(payload, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return corrupt("P/D message is not JSON");
+  Result<json> j = parse_json(payload);
+  if (!j) return corrupt("P/D message: " + j.error().message);
   return j;
 }
 
 static_assert(std::endian::native == std::endian::little, "logits attachments are little-endian float32");
 
-// More than any vocabulary; bounds what a peer can make us allocate.
-constexpr int64_t kMaxLogits = int64_t{1} << 24;
+// More than any vocabulary (Qwen3's has 151,936 ids); bounds what a peer
+// can make us allocate: a row of 4 MiB for a logits_top message of a few bytes.
+constexpr int64_t kMaxLogits = int64_t{1} << 20;
 
 // The engine sampler's view of a logit: NaN is -inf, +inf the largest float.
 float sampler_value(float v) {

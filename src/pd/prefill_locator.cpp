@@ -3,6 +3,8 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "common/json_depth.h"
+
 namespace siesta::pd {
 
 Result<PrefillSideChannel> PrefillLocator::resolve(const std::string& url, transfer::Deadline deadline) {
@@ -23,12 +25,18 @@ Result<PrefillSideChannel> PrefillLocator::resolve(const std::string& url, trans
     client.set_connection_timeout(std::chrono::milliseconds(ms));
     client.set_read_timeout(std::chrono::milliseconds(ms));
     client.set_write_timeout(std::chrono::milliseconds(ms));
+    if (!api_key_.empty()) client.set_bearer_token_auth(api_key_);
     auto res = client.Get("/kv_transfer_info");
     if (!res) return unavailable("GET " + base + "/kv_transfer_info: " + httplib::to_string(res.error()));
+    if (res->status == 401)
+      return unavailable("GET " + base + "/kv_transfer_info answered HTTP 401: the prefill instance has an API key; "
+                         "start this engine with the same --api-key");
     if (res->status != 200)
       return unavailable("GET " + base + "/kv_transfer_info answered HTTP " + std::to_string(res->status) +
                          " (is it a siesta serve with --kv-transfer-config?)");
-    nlohmann::json j = nlohmann::json::parse(res->body, nullptr, /*allow_exceptions=*/false);
+    Result<nlohmann::json> parsed = parse_json(res->body);
+    if (!parsed) return corrupt("GET " + base + "/kv_transfer_info: " + parsed.error().message);
+    nlohmann::json& j = *parsed;
     if (!j.is_object() || !j.contains("engine_id") || !j["engine_id"].is_string() ||
         !j.contains("side_channel_address") || !j["side_channel_address"].is_string())
       return corrupt("GET " + base + "/kv_transfer_info: no engine_id and side_channel_address in the answer");

@@ -2,6 +2,8 @@
 // (kv_transfer_params.remote_prefill_url, set by `siesta proxy --mode
 // concurrent`) to its side channel: GET URL/kv_transfer_info once, then from
 // a cache. A lookup that later proves stale (the message fails) is forgotten.
+// On a serve with --api-key the lookup sends that key (a keyed prefill
+// instance requires it on /kv_transfer_info; the proxy gives both the same).
 // Thread-safe; resolve() blocks up to its deadline (call it off the engine loop).
 #pragma once
 
@@ -22,8 +24,9 @@ struct PrefillSideChannel {
 
 class PrefillLocator {
  public:
-  // How long an answer is trusted without a failure.
-  explicit PrefillLocator(std::chrono::seconds ttl = std::chrono::seconds(60)) : ttl_(ttl) {}
+  // How long an answer is trusted without a failure; the API key to send (empty: none).
+  explicit PrefillLocator(std::string api_key = {}, std::chrono::seconds ttl = std::chrono::seconds(60))
+      : api_key_(std::move(api_key)), ttl_(ttl) {}
 
   Result<PrefillSideChannel> resolve(const std::string& url, transfer::Deadline deadline);
   void forget(const std::string& url);
@@ -33,6 +36,7 @@ class PrefillLocator {
     PrefillSideChannel side_channel;
     transfer::Clock::time_point fetched;
   };
+  std::string api_key_;
   std::chrono::seconds ttl_;
   std::mutex mu_;
   std::unordered_map<std::string, Entry> cache_;

@@ -32,6 +32,7 @@ Result<std::unique_ptr<SiestaConnector>> SiestaConnector::create(const PdConfig&
   tc.side_channel.host = config.side_channel_host;
   tc.side_channel.port = config.side_channel_port;
   tc.side_channel.handler_threads = 2;
+  tc.side_channel.auth_key = config.auth_key;
   tc.sleep_mode = sleep_mode;
   tc.max_regions = 16;
   tc.ucx_transports = config.ucx_transports;
@@ -48,7 +49,7 @@ Result<std::unique_ptr<SiestaConnector>> SiestaConnector::create(const PdConfig&
 SiestaConnector::SiestaConnector(PdConfig config, std::unique_ptr<transfer::TransferEngine> transfers)
     : config_(std::move(config)), transfers_(std::move(transfers)) {
   tasks_ = std::make_unique<TaskQueue>(config_.worker_threads, "pd tasks");
-  port_ = make_transfer_kv_port(*transfers_);
+  port_ = make_transfer_kv_port(*transfers_, config_.http_api_key);
   ctx_ = std::unique_ptr<PdContext>(new PdContext{config_, *port_, kv_, *tasks_, metrics_, [] { return Clock::now(); },
                                                   [this] { kick(); }, [this] { report_progress(); }});
   producer_ = std::make_unique<Producer>(*ctx_);

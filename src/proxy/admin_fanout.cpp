@@ -1,5 +1,7 @@
 #include "proxy/admin_fanout.h"
 
+#include "common/json_depth.h"
+
 #include <memory>
 #include <set>
 #include <utility>
@@ -60,8 +62,8 @@ AdminAnswer forward_admin(const std::vector<AdminTarget>& targets, const LegRequ
       all_answered = false;
     } else {
       entry["status"] = head->status;
-      json parsed = json::parse(*body, nullptr, /*allow_exceptions=*/false);
-      entry["body"] = parsed.is_discarded() ? json(*body) : parsed;
+      Result<json> parsed = parse_json(*body);
+      entry["body"] = parsed ? std::move(*parsed) : json(*body);
       statuses.insert(head->status);
     }
     answer.body[targets[i].url.text] = std::move(entry);

@@ -2,7 +2,8 @@
 // serve` also answers with:
 //   {"error": {"message": "...", "type": "server_error", "param": null, "code": "prefill_failed"}}
 // type follows the HTTP status (400/404/409 invalid_request_error, 401
-// authentication_error, 5xx server_error); code is machine-readable.
+// authentication_error, 403 permission_error, 5xx server_error); code is
+// machine-readable.
 #pragma once
 
 #include <string>
@@ -14,7 +15,9 @@ namespace siesta::proxy {
 namespace error_code {
 inline constexpr std::string_view kInvalidJson = "invalid_json";
 inline constexpr std::string_view kInvalidValue = "invalid_value";
+inline constexpr std::string_view kJsonTooDeep = "json_too_deep";
 inline constexpr std::string_view kInvalidApiKey = "invalid_api_key";
+inline constexpr std::string_view kAdminNotAllowed = "admin_not_allowed";
 inline constexpr std::string_view kNotFound = "not_found";
 inline constexpr std::string_view kNoInstanceUp = "no_instance_up";
 inline constexpr std::string_view kPrefillFailed = "prefill_failed";

@@ -1,5 +1,7 @@
 #include "proxy/pd_request.h"
 
+#include "common/json_depth.h"
+
 namespace siesta::proxy {
 
 using nlohmann::json;
@@ -51,8 +53,10 @@ bool prefill_answer_aborted(const std::string& answer_body) {
 }
 
 Result<json> prefill_kv_transfer_params(const std::string& answer_body, bool need_address) {
-  json answer = json::parse(answer_body, nullptr, /*allow_exceptions=*/false);
-  if (answer.is_discarded()) return corrupt("the answer is not JSON");
+  Result<json> parsed = parse_json(answer_body);
+  if (!parsed && parsed.error().code == ErrorCode::kInvalidArgument) return corrupt("the answer: " + parsed.error().message);
+  if (!parsed) return corrupt("the answer is not JSON");
+  const json answer = std::move(*parsed);
   if (!answer.is_object()) return corrupt("the answer is not a JSON object");
   auto it = answer.find("kv_transfer_params");
   if (it == answer.end() || it->is_null()) return corrupt("the answer has no kv_transfer_params");

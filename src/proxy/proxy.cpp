@@ -1,5 +1,6 @@
 #include "proxy/proxy.h"
 
+#include <cctype>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -53,6 +54,39 @@ std::optional<std::string> param(const httplib::Request& req, const char* name) 
   return req.get_param_value(name);
 }
 
+bool is_admin_path(const std::string& path) {
+  for (const char* p : kAdminPosts)
+    if (path == p) return true;
+  for (const char* p : kAdminGets)
+    if (path == p) return true;
+  return false;
+}
+
+// "Bearer KEY", the scheme in any case; compared in time that depends only on the lengths.
+bool bearer_matches(const std::string& header, const std::string& key) {
+  constexpr std::string_view kScheme = "bearer ";
+  if (header.size() < kScheme.size()) return false;
+  for (size_t i = 0; i < kScheme.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(header[i])) != kScheme[i]) return false;
+  size_t start = kScheme.size();
+  while (start < header.size() && header[start] == ' ') ++start;
+  const std::string_view token = std::string_view(header).substr(start);
+  if (token.size() != key.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned char>(token[i] ^ key[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+namespace {
+
+HttpServerOptions http_options(const ProxyConfig& config) {
+  HttpServerOptions http = config.http;
+  http.worker_threads = config.max_connections;
+  return http;
+}
+
 }  // namespace
 
 Proxy::Proxy(ProxyConfig config)
@@ -61,15 +95,14 @@ Proxy::Proxy(ProxyConfig config)
       decode_(Role::kDecode, config_.decode),
       route_ctx_{&config_, &prefill_, &decode_, &metrics_, &ids_, &stopping_},
       health_({&prefill_, &decode_},
-              HealthOptions{config_.health_interval, config_.health_timeout, instance_headers()}) {}
+              HealthOptions{config_.health_interval, config_.health_timeout, instance_headers()}),
+      server_(http_options(config_)) {}
 
 Result<std::unique_ptr<Proxy>> Proxy::start(ProxyConfig config) {
   SIESTA_TRY(validate_proxy_config(config));
   std::unique_ptr<Proxy> proxy(new Proxy(std::move(config)));
   const ProxyConfig& cfg = proxy->config_;
   proxy->install_routes();
-  const size_t threads = cfg.max_connections;
-  proxy->server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   proxy->server_.set_tcp_nodelay(true);
   // SO_REUSEADDR without httplib's SO_REUSEPORT (a port in use must be refused), and a
   // backlog for bursts of clients (common/listen_backlog.h).
@@ -116,18 +149,26 @@ std::vector<std::pair<std::string, std::string>> Proxy::instance_headers() const
   return {{"Authorization", "Bearer " + config_.api_key}};
 }
 
-bool Proxy::authorized(const httplib::Request& req) const {
-  if (config_.api_key.empty()) return true;
-  if (req.path == "/health" || req.path == "/metrics") return true;
-  return req.get_header_value("Authorization") == "Bearer " + config_.api_key;
+bool Proxy::authorize(const httplib::Request& req, httplib::Response& res) const {
+  if (config_.api_key.empty()) {
+    if (!is_admin_path(req.path) || config_.allow_unauthenticated_admin) return true;
+    reply_error(res, 403, error_code::kAdminNotAllowed,
+                req.method + " " + req.path +
+                    " is an admin call, which this proxy forwards only with authentication: start it with --api-key "
+                    "(clients then send \"Authorization: Bearer <key>\"), or with --allow-unauthenticated-admin");
+    return false;
+  }
+  if (req.path == "/health") return true;
+  if (req.path == "/metrics" && !config_.metrics_require_key) return true;
+  if (bearer_matches(req.get_header_value("Authorization"), config_.api_key)) return true;
+  reply_error(res, 401, error_code::kInvalidApiKey, "missing or wrong API key (expected \"Authorization: Bearer <key>\")");
+  return false;
 }
 
 void Proxy::install_routes() {
   server_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
-    reply_error(res, 401, error_code::kInvalidApiKey,
-                "missing or wrong API key (expected \"Authorization: Bearer <key>\")");
-    return httplib::Server::HandlerResponse::Handled;
+    return authorize(req, res) ? httplib::Server::HandlerResponse::Unhandled
+                               : httplib::Server::HandlerResponse::Handled;
   });
   server_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     serve_generate(route_ctx_, Endpoint::kCompletions, req, res);

@@ -13,8 +13,13 @@
 //        /release_kv_cache_memory /reload_weights
 //   GET  /is_sleeping /is_paused /memory
 //        forwarded to every instance, or ?instance=URL, or ?role=prefill|decode
-// With an API key, every endpoint but /health and /metrics requires
-// "Authorization: Bearer <key>" (401 otherwise).
+// With an API key, every endpoint but /health and /metrics (and /metrics too
+// with metrics_require_key) requires "Authorization: Bearer <key>" (401
+// otherwise); the scheme's case does not matter. Without one, the admin calls
+// are refused (403) unless allow_unauthenticated_admin. Instances get the
+// proxy's own key, never a client's Authorization header.
+// Requests are read whole before a handler runs (common/http_server.h): body
+// and head limits, JSON depth, deadlines, connections per address.
 //
 // Lifecycle:
 //   1. Proxy::start(config): validates, binds host:port, runs one health round
@@ -24,8 +29,9 @@
 //      (their clients get 503), stops the server and the monitor, joins.
 //
 // Threads: start/stop/port from the owner; everything else runs on the
-// server's worker threads (one per client connection, up to
-// config.max_connections) and the monitor's thread.
+// server's worker threads (one per request being served, up to
+// config.max_connections; the server's intake thread reads requests), and the
+// monitor's thread.
 #pragma once
 
 #include <atomic>
@@ -33,7 +39,7 @@
 #include <thread>
 
 #include "common/status.h"
-#include "proxy/client_aware_server.h"
+#include "common/http_server.h"
 #include "proxy/health_monitor.h"
 #include "proxy/instance_set.h"
 #include "proxy/proxy_config.h"
@@ -59,7 +65,8 @@ class Proxy {
   void serve_admin(const httplib::Request& req, const std::string& body, httplib::Response& res);
   void serve_models(const httplib::Request& req, httplib::Response& res);
   void serve_health(httplib::Response& res) const;
-  bool authorized(const httplib::Request& req) const;
+  // Whether the request may go on; false after answering 401 or 403.
+  bool authorize(const httplib::Request& req, httplib::Response& res) const;
   std::vector<std::pair<std::string, std::string>> instance_headers() const;
 
   const ProxyConfig config_;
@@ -70,7 +77,7 @@ class Proxy {
   std::atomic<bool> stopping_{false};
   RouteContext route_ctx_;
   HealthMonitor health_;
-  ClientAwareServer server_;
+  HttpServer server_;
   std::thread listener_;
   int port_ = 0;
 };

@@ -29,6 +29,8 @@ Result<void> validate_proxy_config(const ProxyConfig& config) {
   if (config.health_interval.count() <= 0) return invalid_argument("--health-interval-s: must be positive");
   if (config.health_timeout.count() <= 0) return invalid_argument("--health-timeout-s: must be positive");
   if (config.max_connections == 0) return invalid_argument("--max-connections: must be positive");
+  if (config.metrics_require_key && config.api_key.empty())
+    return invalid_argument("--metrics-require-key: needs --api-key (the key /metrics would require)");
   return {};
 }
 

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/http_server.h"
 #include "common/status.h"
 #include "proxy/instance_url.h"
 
@@ -36,7 +37,15 @@ struct ProxyConfig {
   std::chrono::milliseconds health_interval{5'000};  // between health rounds
   std::chrono::milliseconds health_timeout{2'000};   // for one GET /health
   std::string api_key;                               // empty: none; else required from clients, sent to instances
-  size_t max_connections = 128;                      // client connections served at once (one thread each)
+  // Without api_key the admin calls (/sleep, /pause, ...) are refused (403)
+  // unless this says to forward them for anyone.
+  bool allow_unauthenticated_admin = false;
+  // With api_key: /metrics needs it too (as siesta serve's --metrics-require-key).
+  bool metrics_require_key = false;
+  size_t max_connections = 128;                      // client requests served at once (one thread each)
+  // How client requests are read: limits, deadlines, connection limits
+  // (common/http_server.h); its worker_threads is replaced by max_connections.
+  HttpServerOptions http;
 };
 
 // Refuses empty instance lists, an instance listed twice in one role,

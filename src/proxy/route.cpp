@@ -7,7 +7,8 @@
 #include <vector>
 
 #include "common/log.h"
-#include "proxy/client_aware_server.h"
+#include "common/http_server.h"
+#include "common/json_depth.h"
 #include "proxy/leg.h"
 #include "proxy/openai_error.h"
 
@@ -26,7 +27,7 @@ struct Watch {
   Interrupt interrupt() const {
     return [stopping = stopping, gone = client_gone]() -> std::optional<Status> {
       if (stopping->load()) return unavailable("the proxy is stopping");
-      if (ClientAwareServer::client_hung_up()) {
+      if (HttpServer::client_hung_up()) {
         gone->store(true);
         return unavailable("the client disconnected");
       }
@@ -101,9 +102,13 @@ void serve_generate(const RouteContext& ctx, Endpoint endpoint, const httplib::R
   const ProxyConfig& cfg = *ctx.config;
 
   // 1. The client's body.
-  const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded() || !body.is_object())
+  // The intake refused bodies nested deeper than the configured depth; this holds where it did not.
+  Result<json> parsed = parse_json(req.body, kMaxJsonDepthLimit);
+  if (!parsed && parsed.error().code == ErrorCode::kInvalidArgument)
+    return reply_error(res, 400, error_code::kJsonTooDeep, "the request body: " + parsed.error().message);
+  if (!parsed || !parsed->is_object())
     return reply_error(res, 400, error_code::kInvalidJson, "the request body is not a JSON object");
+  const json body = std::move(*parsed);
   bool stream = false;
   if (auto it = body.find("stream"); it != body.end() && !it->is_null()) {
     if (!it->is_boolean())

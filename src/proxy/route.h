@@ -21,8 +21,9 @@
 // A client that hangs up at any point ends both legs (their connections are
 // closed); so does the proxy stopping.
 //
-// Threads: serve_generate() runs on the client connection's worker thread of
-// ClientAwareServer, and so does the streaming content provider it installs.
+// Threads: serve_generate() runs on the worker thread of HttpServer
+// (common/http_server.h) that serves the request, and so does the streaming
+// content provider it installs.
 // The RouteContext's objects must outlive every response (Proxy owns them and
 // stops its server before they go).
 #pragma once

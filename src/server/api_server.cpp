@@ -38,8 +38,7 @@ bool bearer_matches(const std::string& header, const std::string& key) {
 // Routes a client without the API key may call: liveness and what peers and
 // scrapers read (/metrics unless --metrics-require-key).
 bool open_route(const ServerOptions& o, const std::string& path) {
-  return path == "/health" || path == "/ping" || path == "/version" || path == "/kv_transfer_info" ||
-         (path == "/metrics" && !o.metrics_require_key);
+  return path == "/health" || path == "/ping" || path == "/version" || (path == "/metrics" && !o.metrics_require_key);
 }
 
 ApiError error_for_status(const httplib::Request& req, int status, size_t max_body) {
@@ -64,26 +63,34 @@ ApiError error_for_status(const httplib::Request& req, int status, size_t max_bo
 }  // namespace
 
 struct ApiServer::Http {
-  httplib::Server server;
+  explicit Http(HttpServerOptions options) : server(std::move(options)) {}
+  HttpServer server;
   ListenBacklog backlog;
   int port = -1;
 };
 
+namespace {
+
+// The HTTP options with the worker count resolved: a request holds a worker while it runs.
+HttpServerOptions http_options(const ServerOptions& o, const Engine& engine) {
+  HttpServerOptions http = o.http;
+  http.worker_threads =
+      o.http_threads > 0 ? o.http_threads : static_cast<size_t>(engine.limits().max_num_seqs) + 64;
+  return http;
+}
+
+}  // namespace
+
 ApiServer::ApiServer(Engine& engine, ServerOptions options)
     : ctx_(new ServerContext{engine, std::move(options), SamplingDefaults::load(engine.options().model_dir),
                              static_cast<int64_t>(std::time(nullptr))}),
-      http_(std::make_unique<Http>()) {
+      http_(std::make_unique<Http>(http_options(ctx_->options, engine))) {
   ServerContext& ctx = *ctx_;
   if (auto t = ChatTemplate::load(engine.options().model_dir, ctx.options.chat_template))
     ctx.chat_template = std::make_shared<const ChatTemplate>(std::move(*t));
   else
     ctx.chat_template_error = t.error().message;
   httplib::Server& s = http_->server;
-  const size_t threads = ctx.options.http_threads > 0
-                             ? ctx.options.http_threads
-                             : static_cast<size_t>(engine.limits().max_num_seqs) + 64;
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  s.set_payload_max_length(ctx.options.max_request_body_bytes);
   s.set_tcp_nodelay(true);
   // SO_REUSEADDR without httplib's SO_REUSEPORT (a port in use must be refused), and a
   // backlog for bursts of clients (common/listen_backlog.h).
@@ -100,8 +107,8 @@ ApiServer::ApiServer(Engine& engine, ServerOptions options)
       res.set_header("Access-Control-Max-Age", "600");
       return httplib::Server::HandlerResponse::Handled;
     }
-    // /kv_transfer_info is read by peer engines, which hold no API key; it
-    // tells what the side channel's port already tells anyone who connects.
+    // /kv_transfer_info needs the key too: a decode engine reads it with its
+    // own key (the proxy gives both engines the same one).
     if (ctx.options.api_key.empty() || open_route(ctx.options, req.path))
       return httplib::Server::HandlerResponse::Unhandled;
     if (bearer_matches(req.get_header_value("Authorization"), ctx.options.api_key))
@@ -121,7 +128,7 @@ ApiServer::ApiServer(Engine& engine, ServerOptions options)
   s.set_error_handler(httplib::Server::HandlerWithResponse(
       [&ctx](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty() || res.status == 499) return httplib::Server::HandlerResponse::Unhandled;
-        send_error(res, error_for_status(req, res.status, ctx.options.max_request_body_bytes));
+        send_error(res, error_for_status(req, res.status, ctx.options.http.limits.max_body_bytes));
         return httplib::Server::HandlerResponse::Handled;
       }));
   s.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {

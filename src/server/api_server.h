@@ -12,12 +12,17 @@
 // GET /kv_transfer_info (P/D: where this engine's transfer side channel
 // listens, so that a decode engine in WRITE mode finds a prefill engine from
 // its URL), and the sleep-mode admin routes (admin_handlers.h).
-// With options.api_key, every route but /health and /kv_transfer_info needs
-// `Authorization: Bearer KEY` (401 otherwise). Errors are OpenAI error JSON
+// With options.api_key, every route but /health needs `Authorization: Bearer
+// KEY` (401 otherwise); /kv_transfer_info too (a decode engine sends its own key). Errors are OpenAI error JSON
 // (api_error.h): malformed JSON, wrong types and out-of-range values 400, an
-// unknown model 404 (model_not_found), an unknown path 404, a body over
-// max_request_body_bytes 413. Handlers parse, validate and translate; the
-// engine does the work. A client that disconnects has its requests aborted.
+// unknown model 404 (model_not_found), an unknown path 404. Requests are read
+// whole by the HTTP intake before a handler runs (common/http_server.h:
+// head and body deadlines, connection limits): a body over
+// http.limits.max_body_bytes is 413 (chunked too, as soon as it passes the
+// limit), JSON nested deeper than http.limits.max_json_depth 400, duplicate or
+// malformed Content-Length 400, a slow request 408. Handlers parse, validate
+// and translate; the engine does the work. A client that disconnects has its
+// requests aborted.
 //
 // Thread safety: bind and serve from one thread; stop from any thread.
 #pragma once
@@ -29,6 +34,7 @@
 #include <memory>
 #include <string>
 
+#include "common/http_server.h"
 #include "common/status.h"
 #include "engine/engine.h"
 #include "server/chat_config.h"
@@ -40,7 +46,9 @@ struct ServerOptions {
   int port = 8000;
   std::string api_key;                      // empty: no authentication
   std::string served_model_name;            // the name clients use in "model"
-  size_t max_request_body_bytes = 32u << 20;
+  // How requests are read: limits, deadlines, connections (common/http_server.h).
+  // Its worker_threads is replaced by http_threads.
+  HttpServerOptions http;
   size_t http_threads = 0;                  // 0: max_num_seqs + 64 (a request holds a thread while it runs)
   // How often a handler that waits for the engine looks at its client.
   std::chrono::milliseconds client_poll_interval{50};

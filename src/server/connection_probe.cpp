@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include "common/http_server.h"
+
 namespace siesta::server {
 namespace {
 
@@ -29,6 +31,11 @@ std::string host_of(const sockaddr_storage& a, socklen_t len) {
 
 ConnectionProbe ConnectionProbe::find(int local_port, const std::string& remote_addr, int remote_port) {
   ConnectionProbe probe;
+  // On a worker of siesta's HttpServer the socket is known.
+  if (const int fd = HttpServer::client_socket(); fd >= 0) {
+    probe.fd_ = fd;
+    return probe;
+  }
   DIR* dir = opendir("/proc/self/fd");
   if (!dir) return probe;
   while (dirent* e = readdir(dir)) {

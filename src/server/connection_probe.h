@@ -1,8 +1,10 @@
 // ConnectionProbe: tells a handler whether its client has gone away.
 //
 // cpp-httplib 0.11 hands a handler no handle on its connection, and writes
-// fail only after the client is gone and something is written. The probe
-// finds the connection's socket among this process's file descriptors by its
+// fail only after the client is gone and something is written. On a worker of
+// siesta's HttpServer (common/http_server.h) the probe takes the socket the
+// server names; elsewhere it finds the connection's socket among this
+// process's file descriptors by its
 // address pair (local port, remote address and port: unique among live
 // sockets, and the socket stays open while its handler runs), then peeks at it
 // without consuming anything: an orderly close or a reset means the client is

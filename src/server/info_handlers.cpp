@@ -6,7 +6,6 @@
 #include <fstream>
 
 #include "server/json_fields.h"
-#include "server/openai_request.h"
 #include "server/prometheus_text.h"
 
 namespace siesta::server {

@@ -45,8 +45,8 @@ void send_error(httplib::Response& res, const ApiError& error);
 // 8 KiB). A request with neither Content-Length nor chunked transfer encoding
 // has no body (HTTP/1.1; `curl -X POST host/sleep?level=1` sends such
 // requests): read as empty at once, where cpp-httplib's reader would wait for
-// the connection to close. false after answering 413 (over
-// max_request_body_bytes) or 400.
+// the connection to close. false after answering 400 (the HTTP intake has
+// refused bodies over the limit before a handler runs).
 bool read_body(const httplib::Request& req, const httplib::ContentReader& reader, httplib::Response& res,
                std::string& body);
 // The body as a JSON value, or false after answering 400 for malformed JSON.

@@ -109,6 +109,60 @@ Result<PeerMessage> decode_peer_message(std::string_view payload) {
   return m;
 }
 
+namespace {
+constexpr size_t kNonceBytes = 16;
+constexpr size_t kProofBytes = 32;
+}  // namespace
+
+Frame to_frame(const HelloMsg& m) {
+  WireWriter w;
+  w.bytes(m.engine_id);
+  w.bytes(m.nonce);
+  return {FrameType::kHello, w.take()};
+}
+
+Frame to_frame(const ChallengeMsg& m) {
+  WireWriter w;
+  w.bytes(m.engine_id);
+  w.bytes(m.nonce);
+  w.bytes(m.proof);
+  return {FrameType::kChallenge, w.take()};
+}
+
+Frame to_frame(const AuthMsg& m) {
+  WireWriter w;
+  w.bytes(m.proof);
+  return {FrameType::kAuth, w.take()};
+}
+
+Result<HelloMsg> decode_hello(std::string_view payload) {
+  WireReader r(payload);
+  HelloMsg m;
+  m.engine_id = r.bytes(kMaxIdBytes);
+  m.nonce = r.bytes(kNonceBytes);
+  if (!r.done() || m.engine_id.empty() || m.nonce.size() != kNonceBytes) return truncated(FrameType::kHello);
+  return m;
+}
+
+Result<ChallengeMsg> decode_challenge(std::string_view payload) {
+  WireReader r(payload);
+  ChallengeMsg m;
+  m.engine_id = r.bytes(kMaxIdBytes);
+  m.nonce = r.bytes(kNonceBytes);
+  m.proof = r.bytes(kProofBytes);
+  if (!r.done() || m.engine_id.empty() || m.nonce.size() != kNonceBytes || m.proof.size() != kProofBytes)
+    return truncated(FrameType::kChallenge);
+  return m;
+}
+
+Result<AuthMsg> decode_auth(std::string_view payload) {
+  WireReader r(payload);
+  AuthMsg m;
+  m.proof = r.bytes(kProofBytes);
+  if (!r.done() || m.proof.size() != kProofBytes) return truncated(FrameType::kAuth);
+  return m;
+}
+
 Status status_from_unexpected(const Frame& answer, FrameType request, std::string_view peer) {
   if (answer.type == FrameType::kError) {
     auto e = decode_error(answer.payload);

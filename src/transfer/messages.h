@@ -7,6 +7,8 @@
 //   INVALIDATE InvalidateMsg → ACK or ERROR (a stale epoch is refused)
 //   NOTIFY     NotifyMsg     → ACK or ERROR (a stale epoch is refused)
 //   MESSAGE    PeerMessage   → MESSAGE or ERROR (opaque to the engine)
+//   HELLO      HelloMsg      → CHALLENGE or ERROR   } the handshake of an
+//   AUTH       AuthMsg       (then the requests)    } authenticated connection (frame_auth.h)
 #pragma once
 
 #include <string>
@@ -53,6 +55,29 @@ struct PeerMessage {
   std::string from_engine;
   std::string payload;
 };
+
+// Authentication (frame_auth.h says what the proofs are).
+struct HelloMsg {
+  std::string engine_id;  // the client's
+  std::string nonce;      // kAuthNonceBytes
+};
+
+struct ChallengeMsg {
+  std::string engine_id;  // the server's
+  std::string nonce;
+  std::string proof;      // the server knows the key
+};
+
+struct AuthMsg {
+  std::string proof;      // the client knows the key
+};
+
+Frame to_frame(const HelloMsg& m);
+Frame to_frame(const ChallengeMsg& m);
+Frame to_frame(const AuthMsg& m);
+Result<HelloMsg> decode_hello(std::string_view payload);
+Result<ChallengeMsg> decode_challenge(std::string_view payload);
+Result<AuthMsg> decode_auth(std::string_view payload);
 
 Frame to_frame(const GetMetaMsg& m);
 Frame to_frame(const InvalidateMsg& m);

@@ -15,11 +15,27 @@
 // A malformed, oversized or unexpected frame closes that connection only and
 // logs one line naming the remote address; other connections are unaffected.
 //
+// With options.auth_key every connection authenticates first (frame_auth.h:
+// HELLO, CHALLENGE, AUTH, then a MAC on every frame), in both directions: a
+// peer without the key gets an ERROR and the connection closes, and the
+// handler learns the engine id each request's sender proved
+// (RequestOrigin::engine_id). Without a key nothing is authenticated; a peer
+// that offers authentication is told the two ends disagree.
+// What an incoming connection may cost is bounded: before it authenticates it
+// may send only a HELLO (and AUTH) of a few KiB, within auth_timeout; control
+// frames are refused past their small sizes at their header; partial frames
+// of all connections together are held up to max_buffered_bytes; a
+// connection without a frame for idle_timeout closes; at most max_connections
+// are open, max_connections_per_address from one address, and a new one
+// closes the oldest that has not authenticated when these are reached (it is
+// refused when every open one has).
+//
 // Thread safety: request() from any thread, concurrently. The handler runs on
 // handler threads and may itself call request() (the I/O thread never runs
 // handlers). address() is constant after start().
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -37,12 +53,29 @@ struct SideChannelOptions {
   uint32_t max_frame_payload = kDefaultMaxFramePayload;
   size_t handler_threads = 2;
   size_t idle_connections_per_address = 4;
+  // The engine this side channel speaks for (named in the handshake).
+  std::string engine_id = "side-channel";
+  // The shared secret of every engine that may talk to this one (at least
+  // kMinAuthKeyBytes); empty: no authentication.
+  std::string auth_key;
+  // Incoming connections.
+  size_t max_connections = 256;
+  size_t max_connections_per_address = 64;
+  std::chrono::milliseconds auth_timeout{5'000};
+  std::chrono::milliseconds idle_timeout{120'000};
+  size_t max_buffered_bytes = 64u << 20;
+};
+
+// Who sent a request.
+struct RequestOrigin {
+  std::string address;    // the connection's remote ip:port
+  std::string engine_id;  // the engine id it proved (authenticated side channel); empty otherwise
 };
 
 // Answers one request. Return the answer frame (an ERROR frame for a refusal),
 // or an error Status for a protocol violation (undecodable payload, a frame
 // type that is not a request): the connection is then closed.
-using RequestHandler = std::function<Result<Frame>(const Frame& request, const std::string& remote)>;
+using RequestHandler = std::function<Result<Frame>(const Frame& request, const RequestOrigin& from)>;
 
 class SideChannel {
  public:

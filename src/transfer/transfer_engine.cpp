@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "common/log.h"
+#include "transfer/invalidate_check.h"
 #include "transfer/region_table.h"
 #include "transfer/side_channel.h"
 #include "transfer/transfer_backend.h"
@@ -67,9 +68,9 @@ class TransferEngine::Impl {
   explicit Impl(const TransferConfig& c) : config(c) {}
 
   Result<std::string> handshake(const std::string& peer_address, Deadline deadline);
-  Result<Frame> on_request(const Frame& request, const std::string& remote);
+  Result<Frame> on_request(const Frame& request, const RequestOrigin& from);
   Result<Frame> on_get_meta(const Frame& request);
-  Result<Frame> on_invalidate(const Frame& request);
+  Result<Frame> on_invalidate(const Frame& request, const RequestOrigin& from);
   Result<Frame> on_notify(const Frame& request);
   Result<Frame> on_message(const Frame& request);
 
@@ -135,9 +136,11 @@ Result<std::unique_ptr<TransferEngine>> TransferEngine::create(const TransferCon
                                         "cannot; choose another backend or disable sleep mode",
                                         impl->backend->name()));
   Impl* raw = impl.get();
+  SideChannelOptions side_channel = config.side_channel;
+  side_channel.engine_id = config.engine_id;  // who the side channel's handshake says we are
   SIESTA_ASSIGN_OR_RETURN(impl->side_channel,
-                          SideChannel::start(config.side_channel, [raw](const Frame& f, const std::string& remote) {
-                            return raw->on_request(f, remote);
+                          SideChannel::start(side_channel, [raw](const Frame& f, const RequestOrigin& from) {
+                            return raw->on_request(f, from);
                           }));
   impl->address = impl->side_channel->address();
   SIESTA_LOG_INFO("transfer engine {}: backend {}, side channel {}", config.engine_id, impl->backend->name(),
@@ -301,6 +304,7 @@ Result<std::string> TransferEngine::Impl::handshake(const std::string& peer_addr
     std::unique_lock<std::mutex> lock(mu);
     auto inv = invalidated_at.find(peer_id);
     if (inv != invalidated_at.end() && meta->epoch <= inv->second) {
+      invalidated_at.erase(inv);  // it guards this handshake only: the next one fetches anew
       lock.unlock();
       (void)(*link)->release(deadline);
       return unavailable(fmt::format("peer {} invalidated its epoch {} during our handshake; connect again once it "
@@ -696,18 +700,21 @@ std::vector<MetaFetcher> TransferEngine::fetchers() const {
 // ---------------------------------------------------------------------------
 // side-channel requests from peers
 
-Result<Frame> TransferEngine::Impl::on_request(const Frame& request, const std::string& remote) {
+Result<Frame> TransferEngine::Impl::on_request(const Frame& request, const RequestOrigin& from) {
   switch (request.type) {
     case FrameType::kGetMeta: return on_get_meta(request);
-    case FrameType::kInvalidate: return on_invalidate(request);
+    case FrameType::kInvalidate: return on_invalidate(request, from);
     case FrameType::kNotify: return on_notify(request);
     case FrameType::kMessage: return on_message(request);
     case FrameType::kMeta:
     case FrameType::kAck:
     case FrameType::kError:
+    case FrameType::kHello:
+    case FrameType::kChallenge:
+    case FrameType::kAuth:
       break;
   }
-  return corrupt(fmt::format("{} sent a {} frame, which is an answer, not a request", remote,
+  return corrupt(fmt::format("{} sent a {} frame, which is not a request", from.address,
                              frame_type_name(request.type)));
 }
 
@@ -722,20 +729,31 @@ Result<Frame> TransferEngine::Impl::on_get_meta(const Frame& request) {
   return Frame{FrameType::kMeta, encode_engine_meta(metadata_locked())};
 }
 
-Result<Frame> TransferEngine::Impl::on_invalidate(const Frame& request) {
+Result<Frame> TransferEngine::Impl::on_invalidate(const Frame& request, const RequestOrigin& from) {
   SIESTA_ASSIGN_OR_RETURN(InvalidateMsg msg, decode_invalidate(request.payload));
   std::shared_ptr<BackendPeer> link;
   {
     std::lock_guard<std::mutex> lock(mu);
+    auto it = peers.find(msg.engine_id);
+    // From the engine it names, with an epoch that follows ours of it (invalidate_check.h).
+    std::optional<Epoch> held;
+    std::string known_address;
+    if (it != peers.end()) {
+      held = it->second.meta.epoch;
+      known_address = it->second.meta.side_channel_address;
+    } else if (auto f = fetchers.find(msg.engine_id); f != fetchers.end()) {
+      known_address = f->second;
+    }
+    if (Result<void> plausible = check_invalidate(msg, from, held, known_address); !plausible) {
+      if (plausible.error().code != ErrorCode::kConflict)
+        SIESTA_LOG_WARN("transfer engine {}: refused an INVALIDATE from {}: {}", config.engine_id, from.address,
+                        plausible.error().message);
+      return error_frame(plausible.error());
+    }
     Epoch& newest = invalidated_at[msg.engine_id];
     if (newest < msg.epoch) newest = msg.epoch;
-    auto it = peers.find(msg.engine_id);
     if (it != peers.end()) {
       Peer& peer = it->second;
-      if (msg.epoch < peer.meta.epoch)
-        return error_frame(conflict(fmt::format("INVALIDATE from {} names epoch {}, older than the epoch {} we hold; "
-                                                "ignored as stale",
-                                                msg.engine_id, msg.epoch.value, peer.meta.epoch.value)));
       transition_locked(peer, PeerEvent::kInvalidated, nullptr);
       link = std::move(peer.link);
     }

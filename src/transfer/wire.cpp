@@ -38,6 +38,16 @@ std::string WireReader::bytes(size_t max) {
   return v;
 }
 
+std::string WireReader::raw(size_t n) {
+  if (!ok_ || n > remaining()) {
+    ok_ = false;
+    return {};
+  }
+  std::string v(in_.substr(pos_, n));
+  pos_ += n;
+  return v;
+}
+
 uint32_t WireReader::count(size_t min_element_bytes, uint32_t max) {
   uint32_t n = u32();
   if (!ok_ || n > max || (min_element_bytes > 0 && n > remaining() / min_element_bytes)) {

@@ -42,6 +42,8 @@ class WireReader {
   uint64_t u64();
   // A u32 length, then that many bytes; fails when the length exceeds max or the input.
   std::string bytes(size_t max = SIZE_MAX);
+  // Exactly n bytes, no length before them.
+  std::string raw(size_t n);
   // A u32 element count, checked so that count * min_element_bytes fits in what is left.
   uint32_t count(size_t min_element_bytes, uint32_t max = UINT32_MAX);
 

@@ -70,12 +70,18 @@ def Process(name, argv, env=None):
     return SiestaProcess(SIESTA, name, argv, tmp, env=env)
 
 
+# The side channel's shared secret, in a file (as the demo passes it).
+AUTH_KEY_FILE = os.path.join(tmp, "side_channel.key")
+with open(os.open(AUTH_KEY_FILE, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+    f.write(os.urandom(32).hex() + "\n")
+
+
 def kv_config(role, backend, mode, hold_s):
     return json.dumps({"kv_connector": "SiestaConnector", "kv_role": role,
                        "kv_connector_extra_config": {
                            "backend": backend, "mode": mode, "load_timeout_s": LOAD_TIMEOUT_S,
                            "transfer_timeout_s": 3, "message_timeout_s": 2, "hold_timeout_s": hold_s,
-                           "write_grace_s": WRITE_GRACE_S, "worker_threads": 2}})
+                           "write_grace_s": WRITE_GRACE_S, "worker_threads": 2, "auth_key_file": AUTH_KEY_FILE}})
 
 
 def serve(name, *extra, env=None, port=0):
@@ -388,6 +394,12 @@ def bad_configs():
          '{"backend": "ipc", "ucx_transports": "tcp"}}', "ucx_transports applies to the ucx backend"),
         ('{"kv_connector": "SiestaConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": '
          '{"load_timeout_s": 1, "transfer_timeout_s": 5}}', "transfer_timeout_s (5) is longer than load_timeout_s (1)"),
+        # No key, and no explicit opt-out: the side channel would trust anyone.
+        ('{"kv_connector": "SiestaConnector", "kv_role": "kv_producer"}', "needs auth_key"),
+        ('{"kv_connector": "SiestaConnector", "kv_role": "kv_producer", "kv_connector_extra_config": '
+         '{"auth_key": "short"}}', "auth_key has 5 bytes"),
+        ('{"kv_connector": "SiestaConnector", "kv_role": "kv_producer", "kv_connector_extra_config": '
+         '{"auth_key_file": "/nonexistent/key"}}', "cannot be read"),
     ]
     for cfg, needle in cases:
         rc, _, err = run([SIESTA, "serve", "--model", MODEL, "--port", "0", "--kv-transfer-config", cfg], timeout=60)

@@ -114,7 +114,8 @@ def is_openai_error(body, status, needle, code=None):
     assert isinstance(body, dict) and set(body) == {"error"}, body
     e = body["error"]
     assert set(e) == {"message", "type", "param", "code"}, e
-    kind = "authentication_error" if status == 401 else "server_error" if status >= 500 else "invalid_request_error"
+    kind = ("authentication_error" if status == 401 else "permission_error" if status == 403
+            else "server_error" if status >= 500 else "invalid_request_error")
     assert e["type"] == kind, (status, e)
     if code is not None:
         assert e["code"] == code, (code, e)
@@ -139,7 +140,8 @@ def start(prefill, decode, *extra):
 
 
 try:
-    seq = start(P, D, "--mode", "sequential", "--timeout-s", "2", "--health-interval-s", "0.3")
+    seq = start(P, D, "--mode", "sequential", "--timeout-s", "2", "--health-interval-s", "0.3",
+                "--allow-unauthenticated-admin")
     con = start(P, D, "--mode", "concurrent", "--timeout-s", "2", "--health-interval-s", "0.3")
 
     # ---- sequential (READ) mode: what each leg receives -----------------------
@@ -569,6 +571,21 @@ try:
         wait_all_up(seq, 2, 2)
 
     # ---- API key ------------------------------------------------------------
+    def admin_needs_a_key_or_an_explicit_opt_out():
+        fresh()
+        # con has neither --api-key nor --allow-unauthenticated-admin.
+        for method, path in (("POST", "/sleep?level=1"), ("POST", "/pause"), ("GET", "/memory")):
+            status, _, out = request(con.port, method, path, b"" if method == "POST" else None)
+            assert status == 403, (path, status, out)
+            is_openai_error(json.loads(out), 403, "--allow-unauthenticated-admin", "admin_not_allowed")
+        assert all(e.admin_requests() == [] for e in ALL)
+        # A client's own Authorization header never reaches the instances.
+        status, _, out = post_json(con.port, "/v1/completions", PROMPT,
+                                   {"Authorization": "Bearer client-secret", "X-Request-Id": "nokey-1"})
+        assert status == 200, out
+        legs = [r for e in ALL for r in e.generate_requests("nokey-1")]
+        assert len(legs) == 2 and all("authorization" not in r["headers"] for r in legs), legs
+
     def api_key_is_required_and_forwarded():
         fresh()
         proxy = start(P, D, "--api-key", "sesame", "--health-interval-s", "0.3")
@@ -589,8 +606,19 @@ try:
             status, _, out = post_json(proxy.port, "/pause", None, {"Authorization": "Bearer sesame"})
             assert status == 200 and all(e.admin_requests()[0]["headers"]["authorization"] == "Bearer sesame"
                                          for e in ALL), out
+            # The scheme's case does not matter; /metrics is open by default.
+            status, _, out = request(proxy.port, "GET", "/is_paused", None, {"Authorization": "bearer sesame"})
+            assert status == 200, out
+            assert request(proxy.port, "GET", "/metrics", None)[0] == 200
         finally:
             proxy.stop()
+        locked = start(P, D, "--api-key", "sesame", "--metrics-require-key", "--health-interval-s", "0.3")
+        try:
+            assert request(locked.port, "GET", "/metrics", None)[0] == 401
+            assert request(locked.port, "GET", "/metrics", None, {"Authorization": "Bearer sesame"})[0] == 200
+            assert get_json(locked.port, "/health")[0] == 200
+        finally:
+            locked.stop()
 
     # ---- the command line ---------------------------------------------------
     def cli_refuses_bad_options():
@@ -623,7 +651,8 @@ try:
                failed_request_marks_instance_down_until_health_check, no_decode_up_gives_503_and_unhealthy,
                health_metrics_models, bad_input_and_unknown_routes, admin_to_all, admin_post_without_body_or_length,
                admin_to_one_or_a_role,
-               admin_with_one_instance_down_reports_it, api_key_is_required_and_forwarded,
+               admin_with_one_instance_down_reports_it, admin_needs_a_key_or_an_explicit_opt_out,
+               api_key_is_required_and_forwarded,
                cli_refuses_bad_options, proxy_stops_cleanly_on_sigterm):
         def settled_then(fn=fn):
             # Instances a previous check failed on come back with the next health round.

@@ -970,7 +970,7 @@ TEST_P(TransferTwoProcess, StaleInvalidateIsRefusedAndKeepsThePeerReady) {
   // descriptor we hold of the peer (a delayed message from before a wake).
   Epoch held = engine_->peer_meta(peer_id_)->epoch;
   ASSERT_GT(held.value, 1u);
-  auto side = SideChannel::start(SideChannelOptions{}, [](const Frame&, const std::string&) -> Result<Frame> {
+  auto side = SideChannel::start(SideChannelOptions{}, [](const Frame&, const RequestOrigin&) -> Result<Frame> {
     return internal_error("unused");
   });
   ASSERT_TRUE(side);

@@ -176,6 +176,16 @@ void IpcBackend::serve() {
 }
 
 void IpcBackend::answer(int conn) {
+  // An abstract socket has no file permissions (and /proc/net/unix lists it):
+  // only processes of our own user may import our memory.
+  ucred peer{};
+  socklen_t peer_len = sizeof(peer);
+  if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) != 0 || peer.uid != geteuid()) {
+    SIESTA_LOG_WARN("ipc: refusing an importer on @{} that runs as uid {} (this engine runs as uid {})", socket_name_,
+                    peer.uid, geteuid());
+    close(conn);
+    return;
+  }
   auto request = recv_packet(conn, 4096, nullptr, deadline_after(kRequestWait));
   WireReader r(request ? std::string_view(*request) : std::string_view());
   uint32_t magic = r.u32();
