@@ -75,11 +75,14 @@ def main():
         vocab = model.config.vocab_size
 
         if a.pd:
+            key_file = siesta_rl.side_channel_key_file(logs)
             p = siesta_rl.serve(a.siesta, "prefill", a.model, logs, *common, "--kv-cache-memory-bytes",
-                                a.kv_cache_memory_bytes, "--kv-transfer-config", siesta_rl.pd_config("kv_producer"))
+                                a.kv_cache_memory_bytes, "--kv-transfer-config",
+                                siesta_rl.pd_config("kv_producer", key_file))
             procs.append(p)
             d = siesta_rl.serve(a.siesta, "decode", a.model, logs, *common, "--kv-cache-memory-bytes",
-                                a.kv_cache_memory_bytes, "--kv-transfer-config", siesta_rl.pd_config("kv_consumer"))
+                                a.kv_cache_memory_bytes, "--kv-transfer-config",
+                                siesta_rl.pd_config("kv_consumer", key_file))
             procs.append(d)
             proxy = siesta_rl.Process(a.siesta, "proxy", ["proxy", "--port", "0", "--prefill",
                                                           f"http://127.0.0.1:{p.port}", "--decode",

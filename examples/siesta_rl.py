@@ -89,9 +89,18 @@ def serve(siesta, name, model, logs, *extra):
     return Process(siesta, name, ["serve", "--model", model, "--port", "0", "--seed", "0", *extra], logs)
 
 
-def pd_config(role):
+def pd_config(role, key_file):
+    """The --kv-transfer-config of a P/D engine: ipc, write mode, the side channel's shared key in `key_file`."""
     return json.dumps({"kv_connector": "SiestaConnector", "kv_role": role,
-                       "kv_connector_extra_config": {"backend": "ipc", "mode": "write"}})
+                       "kv_connector_extra_config": {"backend": "ipc", "mode": "write", "auth_key_file": key_file}})
+
+
+def side_channel_key_file(folder):
+    """A fresh shared secret for a P/D pair's side channel, in a file only this user reads."""
+    path = os.path.join(folder, "side_channel.key")
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(os.urandom(32).hex() + "\n")
+    return path
 
 
 def rollout(server, prompts, max_tokens):

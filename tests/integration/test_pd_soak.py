@@ -106,12 +106,18 @@ class Process(SiestaProcess):
         return out.get("RssShmem", 0), out.get("RssAnon", 0)
 
 
+# The side channel's shared secret, in a file (as the demo passes it).
+AUTH_KEY_FILE = os.path.join(tmp, "side_channel.key")
+with open(os.open(AUTH_KEY_FILE, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+    f.write(os.urandom(32).hex() + "\n")
+
+
 def kv_config(role, backend, mode):
     return json.dumps({"kv_connector": "SiestaConnector", "kv_role": role,
                        "kv_connector_extra_config": {
                            "backend": backend, "mode": mode, "load_timeout_s": LOAD_TIMEOUT_S,
                            "transfer_timeout_s": 3, "message_timeout_s": 2, "hold_timeout_s": 60,
-                           "write_grace_s": 1, "worker_threads": 4}})
+                           "write_grace_s": 1, "worker_threads": 4, "auth_key_file": AUTH_KEY_FILE}})
 
 
 def serve(name, *extra, env=None):
