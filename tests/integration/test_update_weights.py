@@ -201,9 +201,9 @@ try:
         try:
             os.write(fd, blob32)
             memfd = f"/proc/{os.getpid()}/fd/{fd}"
-            j = srv.admin("/sleep?level=2")
+            j = srv.admin("/sleep?level=2&verbose=true")
             assert j["state"] == "sleeping_level_2", j
-            j = srv.admin("/wake_up?tags=weights")
+            j = srv.admin("/wake_up?tags=weights&verbose=true")
             assert j["not_resident_tags"] == ["kv_cache", "scratch"], j
             half = len(desc32) // 2
             j = srv.admin("/update_weights", {"source": "shm", "path": memfd, "tensors": desc32[:half]})
@@ -212,7 +212,7 @@ try:
             assert status == 409 and "incomplete" in j["error"]["message"], (status, j)
             j = srv.admin("/update_weights", {"source": "shm", "path": memfd, "tensors": desc32[half:]})
             assert j["weights_loaded"] and j["weights_unwritten"] == 0, j
-            j = srv.admin("/wake_up")
+            j = srv.admin("/wake_up?verbose=true")
             assert j["state"] == "running", j
         finally:
             os.close(fd)
