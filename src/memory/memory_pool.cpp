@@ -392,9 +392,11 @@ Result<WakeReport> MemoryPool::wake(TagSet tags) {
     if (!resident.contains(t)) report.not_resident.insert(t);
   }
   if (!woken.empty()) {
-    SIESTA_LOG_INFO("memory: wake mapped {} (restored {}) in {:.1f} ms; not resident: {}",
+    SIESTA_LOG_INFO("memory: wake mapped {} (restored {}) in {:.1f} ms (mapping {:.1f}, restoring {:.1f}); "
+                    "not resident: {}",
                     format_bytes(sum(report.mapped_bytes)), format_bytes(sum(report.restored_bytes)),
-                    1e3 * (report.map_seconds + report.restore_seconds), report.not_resident.to_string());
+                    1e3 * (report.map_seconds + report.restore_seconds), 1e3 * report.map_seconds,
+                    1e3 * report.restore_seconds, report.not_resident.to_string());
   }
   return report;
 }
