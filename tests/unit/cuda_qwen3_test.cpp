@@ -30,11 +30,12 @@
 #include "model/cuda/qwen3_cuda.h"
 #include "model/make_model.h"
 #include "model/safetensors.h"
+#include "test_data.h"
 
 namespace siesta {
 namespace {
 
-const std::filesystem::path kSource = SIESTA_SOURCE_DIR;
+const std::filesystem::path kSource = siesta::testing::test_data_root();
 const std::filesystem::path kModelDir = kSource / "models/tiny-qwen3";
 const std::filesystem::path kGolden = kSource / "tests/data/golden";
 
