@@ -17,7 +17,7 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "transfer/transfer_bench.h"
+#include "bench/transfer/transfer_bench.h"
 
 namespace siesta::cli {
 

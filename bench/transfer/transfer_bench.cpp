@@ -1,4 +1,4 @@
-#include "transfer/transfer_bench.h"
+#include "bench/transfer/transfer_bench.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -19,10 +19,10 @@
 #include <thread>
 
 #include "common/log.h"
-#include "transfer/bench_memory.h"
+#include "bench/transfer/bench_memory.h"
 #include "transfer/ipc/piece_copy.h"
 #include "transfer/transfer_engine.h"
-#include "transfer/ucx/ucx_put_probe.h"
+#include "bench/transfer/ucx_put_probe.h"
 
 extern char** environ;
 
