@@ -857,8 +857,8 @@ Result<KvReleaseReport> Engine::release_kv_blocks(KvReleaseScope scope, const st
     }
     if (!why.empty()) {
       if (report.deregistered) restore_kv_registration(call);
-      const int held_remote = pool_->num_held_blocks_with_prefix(send_hold_owner(""));
-      const int held_loads = pool_->num_held_blocks_with_prefix(load_hold_owner(""));
+      const int held_remote = pool_->num_held_blocks(HoldKind::kSend);
+      const int held_loads = pool_->num_held_blocks(HoldKind::kLoad);
       return Status{code, call + ": " + std::to_string(ps.num_blocks - ps.num_free_blocks) + " of " +
                               std::to_string(ps.num_blocks) + " KV blocks were still held (" +
                               std::to_string(held_remote) + " for remote readers, " + std::to_string(held_loads) +
@@ -1098,9 +1098,9 @@ void Engine::poll_connector() {
       SIESTA_LOG_WARN("engine: remote KV for {}: {}", f.id, ok.error().message);
   }
   if (!first_tokens.empty()) outputs_.process(first_tokens, *scheduler_, connector_.get(), Clock::now());
-  for (const std::string& owner : u.releasable_holds)
+  for (const HoldKey& owner : u.releasable_holds)
     if (auto ok = scheduler_->release_hold(owner); !ok)
-      SIESTA_LOG_WARN("engine: releasing hold {}: {}", owner, ok.error().message);
+      SIESTA_LOG_WARN("engine: releasing hold {}: {}", to_string(owner), ok.error().message);
 }
 
 std::optional<RequestOutput> Engine::continue_from_remote_logits(const FinishedLoad& f) {
@@ -1148,8 +1148,8 @@ void Engine::publish_metrics() {
   }
   metrics_.set_state(ss.num_running, ss.num_waiting + static_cast<int32_t>(held), ps.usage(), ps.num_blocks,
                      ps.prefix_cache_queries, ps.prefix_cache_hits, ss.num_preemptions);
-  metrics_.set_kv_blocks(ps.num_blocks - ps.num_free_blocks, pool_->num_held_blocks_with_prefix(send_hold_owner("")),
-                         pool_->num_held_blocks_with_prefix(load_hold_owner("")));
+  metrics_.set_kv_blocks(ps.num_blocks - ps.num_free_blocks, pool_->num_held_blocks(HoldKind::kSend),
+                         pool_->num_held_blocks(HoldKind::kLoad));
 }
 
 }  // namespace siesta

@@ -221,7 +221,7 @@ void Producer::on_aborted(const RequestId& id) {
 
 void Producer::collect(ConnectorUpdates& updates) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (std::string& owner : orphan_holds_) updates.releasable_holds.push_back(std::move(owner));
+  for (HoldKey& owner : orphan_holds_) updates.releasable_holds.push_back(std::move(owner));
   orphan_holds_.clear();
   for (auto it = sends_.begin(); it != sends_.end();) {
     Send& s = it->second;

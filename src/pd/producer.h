@@ -128,7 +128,7 @@ class Producer {
   EndedRequests ended_keys_;
   // Keys the consumer cancelled before their request came: it holds nothing.
   EndedRequests cancelled_early_;
-  std::vector<std::string> orphan_holds_;  // holds the scheduler made for requests we do not track
+  std::vector<HoldKey> orphan_holds_;  // holds the scheduler made for requests we do not track
 };
 
 }  // namespace siesta::pd

@@ -38,8 +38,8 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
-#include "transfer/deadline.h"
 #include "transfer/engine_meta.h"
 #include "transfer/epoch.h"
 #include "transfer/messages.h"

@@ -643,7 +643,7 @@ class HoldingConnector final : public KvConnector {
   Result<KvReleaseReport> release_transfer_kv(KvReleaseScope, Deadline) override { return KvReleaseReport{}; }
 
   std::mutex mu;
-  std::vector<std::string> holds;
+  std::vector<HoldKey> holds;
   bool let_go = false;
 };
 
