@@ -5,6 +5,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
 #include "engine/engine_model.h"
@@ -331,8 +332,14 @@ Deadline loop_deadline(Deadline caller) {
   return caller - std::min<Clock::duration>(std::chrono::milliseconds(500), left / 10);
 }
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
+// The end of a request the scheduler never ran (shut down, refused, held too
+// long, dropped): no output, nothing cached; `error` says why, where the
+// engine failed it.
+RequestDelta ended_before_start(const EngineRequest& request, std::optional<Status> error) {
+  RequestDelta d;
+  d.finish = RequestFinish{FinishReason::kAbort, {}, static_cast<int32_t>(request.prompt_tokens.size()), 0, 0,
+                           std::move(error), nullptr};
+  return d;
 }
 
 void add(memory::TagBytes& into, const memory::TagBytes& bytes) {
@@ -961,10 +968,7 @@ void Engine::run_loop() {
   }
   for (EngineSubmission& s : held) {
     if (connector_) connector_->on_request_dropped(s.request);
-    RequestDelta d;
-    d.finish = RequestFinish{FinishReason::kAbort, {}, static_cast<int32_t>(s.request.prompt_tokens.size()), 0, 0,
-                             unavailable("the engine shut down before the request started"), nullptr};
-    s.stream->push(s.index, std::move(d));
+    s.stream->push(s.index, ended_before_start(s.request, unavailable("the engine shut down before the request started")));
   }
   publish_metrics();
 }
@@ -987,10 +991,7 @@ void Engine::admit(std::vector<EngineSubmission>& submissions) {
         inbox_->live_ids.erase(id);
       }
       if (connector_) connector_->on_request_aborted(id);
-      RequestDelta d;
-      d.finish = RequestFinish{FinishReason::kAbort, {}, static_cast<int32_t>(s.request.prompt_tokens.size()), 0, 0,
-                               ok.error(), nullptr};
-      s.stream->push(s.index, std::move(d));
+      s.stream->push(s.index, ended_before_start(s.request, ok.error()));
       metrics_.record_finish(FinishReason::kAbort, 0.0);
       continue;
     }
@@ -1032,10 +1033,7 @@ void Engine::apply_aborts(const std::vector<RequestId>& ids) {
   }
   for (EngineSubmission& s : held) {
     if (connector_) connector_->on_request_dropped(s.request);
-    RequestDelta d;
-    d.finish = RequestFinish{FinishReason::kAbort, {}, static_cast<int32_t>(s.request.prompt_tokens.size()), 0, 0,
-                             std::nullopt, nullptr};
-    s.stream->push(s.index, std::move(d));
+    s.stream->push(s.index, ended_before_start(s.request, std::nullopt));
     metrics_.record_finish(FinishReason::kAbort, std::chrono::duration<double>(now - s.arrival).count());
   }
 }
@@ -1064,10 +1062,7 @@ void Engine::expire_held(Clock::time_point now) {
       (engine_is_sleeping(state) || state == EngineState::kPausedKvReleased ? "POST /wake_up" : "POST /resume"));
   for (EngineSubmission& s : expired) {
     if (connector_) connector_->on_request_dropped(s.request);
-    RequestDelta d;
-    d.finish = RequestFinish{FinishReason::kAbort, {}, static_cast<int32_t>(s.request.prompt_tokens.size()), 0, 0, why,
-                             nullptr};
-    s.stream->push(s.index, std::move(d));
+    s.stream->push(s.index, ended_before_start(s.request, why));
     metrics_.record_finish(FinishReason::kAbort, std::chrono::duration<double>(now - s.arrival).count());
   }
   SIESTA_LOG_WARN("engine: {} requests held longer than {} s while {} ended with an error", expired.size(),

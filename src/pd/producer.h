@@ -73,7 +73,6 @@ class Producer {
   // Sends WRITING or DRAINING: a write of ours may still read our blocks.
   size_t writes_in_flight() const;
 
-  size_t num_sends() const;
   // The send of request `id`, while it is known (tests, logs).
   std::optional<SendState> state_of(const RequestId& id) const;
 
