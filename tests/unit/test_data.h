@@ -1,8 +1,8 @@
 // Where the unit tests find their fixtures (models/tiny-qwen3, tests/data) and the siesta
 // executable, wherever the test binary runs from: the root is $SIESTA_TEST_DATA when set, else
 // the nearest directory above the test binary that holds models/tiny-qwen3 (the repository for a
-// build folder inside it, the unpacked bundle for scripts/device-bundle's bin/). ctest sets
-// SIESTA_TEST_DATA to the source tree, so a build folder anywhere works too.
+// build folder inside it, the unpacked bundle for scripts/device-bundle's bin/), else the working
+// directory (ctest runs the tests in the source tree, so a build folder anywhere works too).
 #pragma once
 
 #include <unistd.h>
@@ -18,7 +18,7 @@ namespace siesta::testing {
 inline std::filesystem::path test_binary_dir() {
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::filesystem::current_path() : exe.parent_path();
+  return ec ? std::filesystem::path(".") : exe.parent_path();
 }
 
 inline std::filesystem::path find_test_data_root() {
@@ -27,7 +27,9 @@ inline std::filesystem::path find_test_data_root() {
     if (std::filesystem::exists(dir / "models" / "tiny-qwen3" / "config.json")) return dir;
     if (dir == dir.parent_path()) break;
   }
-  return std::filesystem::current_path();
+  std::error_code ec;
+  const auto cwd = std::filesystem::current_path(ec);
+  return ec ? std::filesystem::path(".") : cwd;
 }
 
 // The fixture root: models/ and tests/data/ lie under it.
