@@ -313,8 +313,8 @@ Result<TransferBenchReport> run_transfer_bench(const TransferBenchOptions& o) {
   for (size_t k = 0; k < paths.size(); ++k) {
     Initiator& in = initiators[k];
     in.ipc_copy = paths[k];
-    SIESTA_ASSIGN_OR_RETURN(TransferConfig config, engine_config(o, fmt::format("bench-initiator-{}{}", getpid(),
-                                                                                paths.size() > 1 ? "-" + paths[k] : "")));
+    const std::string id = fmt::format("bench-initiator-{}{}", getpid(), paths.size() > 1 ? "-" + paths[k] : "");
+    SIESTA_ASSIGN_OR_RETURN(TransferConfig config, engine_config(o, id));
     SIESTA_ASSIGN_OR_RETURN(config.ipc_copy, parse_ipc_copy(paths[k]));
     SIESTA_ASSIGN_OR_RETURN(in.engine, TransferEngine::create(config));
     SIESTA_ASSIGN_OR_RETURN(in.local_id, in.engine->register_region(local->spec()));

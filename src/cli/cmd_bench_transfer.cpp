@@ -16,8 +16,8 @@
 #include <memory>
 #include <string>
 
-#include "cli/commands.h"
 #include "bench/transfer/transfer_bench.h"
+#include "cli/commands.h"
 
 namespace siesta::cli {
 

@@ -968,7 +968,8 @@ void Engine::run_loop() {
   }
   for (EngineSubmission& s : held) {
     if (connector_) connector_->on_request_dropped(s.request);
-    s.stream->push(s.index, ended_before_start(s.request, unavailable("the engine shut down before the request started")));
+    s.stream->push(s.index,
+                   ended_before_start(s.request, unavailable("the engine shut down before the request started")));
   }
   publish_metrics();
 }

@@ -17,7 +17,8 @@ Result<std::unique_ptr<TransferBackend>> make_transfer_backend(const TransferCon
     SIESTA_ASSIGN_OR_RETURN(auto b, ucx::UcxBackend::create(config, table));
     return std::unique_ptr<TransferBackend>(std::move(b));
   }
-  return invalid_argument(fmt::format("unknown transfer backend {}; known: ipc, ucx", static_cast<int>(config.backend)));
+  return invalid_argument(
+      fmt::format("unknown transfer backend {}; known: ipc, ucx", static_cast<int>(config.backend)));
 }
 
 }  // namespace siesta::transfer

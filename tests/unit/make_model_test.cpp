@@ -232,7 +232,8 @@ TEST(MakeModel, NamedShapes) {
 TEST(MakeModelCommand, WritesTinyAndRefusesToOverwrite) {
   TempDir tmp;
   const fs::path out = tmp.path() / "cli";
-  const std::string base = siesta::testing::siesta_binary().string() + " make-model --shape tiny --seed 7 --out " + out.string();
+  const std::string base =
+      siesta::testing::siesta_binary().string() + " make-model --shape tiny --seed 7 --out " + out.string();
   ASSERT_EQ(std::system((base + " > " + (tmp.path() / "stdout").string() + " 2>&1").c_str()), 0)
       << read_file(tmp.path() / "stdout");
   MakeModelOptions o = tiny_options(tmp.path() / "lib", 7);

@@ -26,8 +26,7 @@ Result<ActivationScratch> ActivationScratch::allocate(const ModelConfig& cfg, co
   s.logits_rows_cap = std::max<int>(sizes.max_seqs, 64);
   const size_t max_blocks_per_seq = (sizes.max_model_len + kBlockSize - 1) / kBlockSize;
   // Every section of the step image at its largest, plus alignment.
-  const size_t ints =
-      3 * T + 5 * S + 2 * (T / kPrefillTileRows + S) + T + S * max_blocks_per_seq + kStepSyncWords;
+  const size_t ints = 3 * T + 5 * S + 2 * (T / kPrefillTileRows + S) + T + S * max_blocks_per_seq + kStepSyncWords;
   s.meta_capacity = align_up(ints * 4 + S * (sizeof(SamplingRecord) + kMaxBannedPerRow * 4) + 16 * 16, kAlign);
 
   size_t at = 0;

@@ -21,8 +21,8 @@ struct ScratchSizes {
   int max_batch_tokens = 0;
   int max_seqs = 0;
   int max_model_len = 0;
-  int partial_parts = 0;     // decode attention partitions per (sequence, head)
-  size_t trace_bytes = 0;    // the instrumentation's timelines (0: none)
+  int partial_parts = 0;   // decode attention partitions per (sequence, head)
+  size_t trace_bytes = 0;  // the instrumentation's timelines (0: none)
   size_t gemm_workspace_bytes = 0;
 };
 
@@ -44,8 +44,8 @@ class ActivationScratch {
   float* partial_out = nullptr;
   float* partial_ml = nullptr;
   void* gemm_ws = nullptr;
-  std::byte* meta = nullptr;              // the step image on the device
-  unsigned long long* trace = nullptr;    // ScratchSizes::trace_bytes of it, or null
+  std::byte* meta = nullptr;            // the step image on the device
+  unsigned long long* trace = nullptr;  // ScratchSizes::trace_bytes of it, or null
   size_t meta_capacity = 0;
   int logits_rows_cap = 0;
 

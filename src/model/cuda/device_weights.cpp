@@ -69,7 +69,7 @@ Result<std::vector<TensorView>> checked_tensors(const WeightsLayout& L, const Te
 }
 
 Result<DeviceWeights> DeviceWeights::load(const ModelConfig& cfg, int max_model_len, const TensorStore& store,
-                                         DeviceAllocator& alloc, int device) {
+                                          DeviceAllocator& alloc, int device) {
   DeviceWeights w;
   w.cfg_ = cfg;
   w.max_model_len_ = max_model_len;
@@ -142,7 +142,7 @@ Result<void> DeviceWeights::write_device(const std::vector<DeviceWrite>& items, 
                       "copying pushed weights (CUDA IPC)");
     } else {
       SIESTA_CUDA_TRY(launch_convert_to_bf16(w.src, static_cast<int>(dtype_size(w.dtype)),
-                                                   reinterpret_cast<bf16*>(base + w.offset), n, stream),
+                                             reinterpret_cast<bf16*>(base + w.offset), n, stream),
                       "converting pushed weights to bf16 (CUDA IPC)");
     }
   }
@@ -163,7 +163,7 @@ Result<void> DeviceWeights::write_rope() {
   SIESTA_CUDA_TRY(cudaMemcpy(base + L.inv_freq, inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice),
                   "copying RoPE frequencies to the GPU");
   SIESTA_CUDA_TRY(launch_rope_table(reinterpret_cast<const float*>(base + L.inv_freq), HD, max_model_len_,
-                                          reinterpret_cast<__nv_bfloat162*>(base + L.rope), LaunchConfig{}),
+                                    reinterpret_cast<__nv_bfloat162*>(base + L.rope), LaunchConfig{}),
                   "computing the RoPE table");
   SIESTA_CUDA_TRY(cudaDeviceSynchronize(), "computing the RoPE table");
   return {};

@@ -47,8 +47,8 @@ namespace {
 using cuda::bf16;
 using cuda::DeviceWrite;
 using cuda::HostWrite;
-using cuda::WeightSlot;
 using cuda::WeightsLayout;
+using cuda::WeightSlot;
 
 constexpr size_t kGemmWorkspaceBytes = 32u << 20;
 // Padded decode batch sizes: one graph per size (and per partition count).
@@ -134,7 +134,8 @@ struct CudaQwen3::Impl {
   // batch-invariant mode sends one-token chunks through prefill attention and
   // is not affected.
   int partition_tokens() const {
-    return opt.instrumentation.decode_partition_tokens > 0 ? opt.instrumentation.decode_partition_tokens : cuda::kDecodePartitionTokens;
+    return opt.instrumentation.decode_partition_tokens > 0 ? opt.instrumentation.decode_partition_tokens
+                                                           : cuda::kDecodePartitionTokens;
   }
   int parts_for(int partition) const { return (opt.max_model_len + partition - 1) / partition; }
   // Prefill attention's rows per warp for a pass of `items` work items
@@ -143,16 +144,20 @@ struct CudaQwen3::Impl {
   int prefill_warp_rows(int items) const {
     if (opt.instrumentation.prefill_warp_rows != 0) return opt.instrumentation.prefill_warp_rows;
     if (opt.batch_invariant) return 32;
-    const int heads_per_cta = cuda::prefill_heads_per_cta(cfg.num_heads, cfg.num_kv_heads, opt.instrumentation.prefill_heads_per_cta);
+    const int heads_per_cta =
+        cuda::prefill_heads_per_cta(cfg.num_heads, cfg.num_kv_heads, opt.instrumentation.prefill_heads_per_cta);
     const long ctas = static_cast<long>(items) * (cfg.num_heads / heads_per_cta);
     return ctas >= 2L * sm_count ? 32 : 16;
   }
   bool use_prefill_wgmma() const {
-    return opt.instrumentation.prefill_wgmma && cuda::prefill_wgmma_supported(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    return opt.instrumentation.prefill_wgmma &&
+           cuda::prefill_wgmma_supported(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
   }
   static constexpr int kStagedDecodeBatch = cuda::kGemvMaxRows;
   bool use_gemv(int T) const {
-    const int rows = opt.instrumentation.gemv_max_rows < 0 ? cuda::kGemvMaxRows : std::min(opt.instrumentation.gemv_max_rows, cuda::kGemvMaxRows);
+    const int rows = opt.instrumentation.gemv_max_rows < 0
+                         ? cuda::kGemvMaxRows
+                         : std::min(opt.instrumentation.gemv_max_rows, cuda::kGemvMaxRows);
     return !opt.batch_invariant && gemv_ok && T <= rows;
   }
   cuda::LaunchConfig launch() const { return {stream, opt.programmatic_launch}; }
@@ -325,17 +330,17 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
       SIESTA_CUDA_TRY(cuda::launch_gemv(g, launch()), "QKV projection (GEMV)");
       instr->mark("qkv_gemv");
     } else {
-      SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(scratch.x, l == 0 ? nullptr : scratch.proj, w.input_norm, T, H, eps(), nullptr, scratch.h,
-                                                launch()),
+      SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(scratch.x, l == 0 ? nullptr : scratch.proj, w.input_norm, T, H, eps(),
+                                                nullptr, scratch.h, launch()),
                       "input RMSNorm");
       instr->mark("norm");
       SIESTA_TRY(linear(scratch.h, w.qkv, scratch.qkv, false, T, qkv_cols(), H));
       instr->mark("qkv");
     }
     if (!decode_only) {
-      SIESTA_CUDA_TRY(cuda::launch_qk_norm_rope_kv(scratch.qkv, T, p.positions, p.slots, w.q_norm, w.k_norm, weights.rope_table,
-                                                   cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps(), scratch.q, p.kv, l,
-                                                   launch()),
+      SIESTA_CUDA_TRY(cuda::launch_qk_norm_rope_kv(scratch.qkv, T, p.positions, p.slots, w.q_norm, w.k_norm,
+                                                   weights.rope_table, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                                   eps(), scratch.q, p.kv, l, launch()),
                       "q/k norm, RoPE and KV write");
       instr->mark("rope_kv");
     }
@@ -352,7 +357,8 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
     }
     if (p.W > 0) instr->mark("attention_prefill");
     if (small) {
-      cuda::GemvArgs o{scratch.attn, nullptr, 0.0f, w.o, T, H, QD, cuda::GemvInput::kPlain, cuda::GemvOutput::kAddBf16, scratch.x};
+      cuda::GemvArgs o{scratch.attn, nullptr, 0.0f, w.o, T, H, QD, cuda::GemvInput::kPlain, cuda::GemvOutput::kAddBf16,
+                       scratch.x};
       o.trace = trace_slot(5 * l + 2);
       SIESTA_CUDA_TRY(cuda::launch_gemv(o, launch()), "output projection (GEMV)");
       instr->mark("o_gemv");
@@ -375,8 +381,9 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
     } else {
       SIESTA_TRY(linear(scratch.attn, w.o, scratch.proj, false, T, H, QD));
       instr->mark("o_proj");
-      SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(scratch.x, scratch.proj, w.post_norm, T, H, eps(), nullptr, scratch.h, launch()),
-                      "post-attention RMSNorm");
+      SIESTA_CUDA_TRY(
+          cuda::launch_add_rms_norm(scratch.x, scratch.proj, w.post_norm, T, H, eps(), nullptr, scratch.h, launch()),
+          "post-attention RMSNorm");
       instr->mark("norm");
       SIESTA_TRY(linear(scratch.h, w.gate_up, scratch.gu, false, T, 2 * I, H));
       instr->mark("gate_up");
@@ -402,26 +409,29 @@ Result<void> CudaQwen3::Impl::enqueue_logits(const PassDevice& p, int r0, int r1
     logits_argmax = keys;
     // The residual stream x is complete (the down GEMV added into it).
     if (p.rows_are_tokens && r0 == 0 && r1 == p.R) {
-      cuda::GemvArgs g{scratch.x, weights.final_norm, eps(), weights.lm_head, rows, V, H, cuda::GemvInput::kRmsNorm, cuda::GemvOutput::kLogits,
-                       scratch.logits, keys};
+      cuda::GemvArgs g{scratch.x, weights.final_norm, eps(), weights.lm_head, rows, V, H, cuda::GemvInput::kRmsNorm,
+                       cuda::GemvOutput::kLogits, scratch.logits, keys};
       SIESTA_CUDA_TRY(cuda::launch_gemv(g, launch()), "LM head (GEMV)");
       instr->mark("lm_head_gemv");
       return {};
     }
-    SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(scratch.x, nullptr, weights.final_norm, rows, H, eps(), p.logits_rows + r0, scratch.hn, launch()),
+    SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(scratch.x, nullptr, weights.final_norm, rows, H, eps(),
+                                              p.logits_rows + r0, scratch.hn, launch()),
                     "final RMSNorm");
-    cuda::GemvArgs g{scratch.hn, nullptr, 0.0f, weights.lm_head, rows, V, H, cuda::GemvInput::kPlain, cuda::GemvOutput::kLogits, scratch.logits,
-                     keys};
+    cuda::GemvArgs g{scratch.hn, nullptr, 0.0f, weights.lm_head, rows, V, H, cuda::GemvInput::kPlain,
+                     cuda::GemvOutput::kLogits, scratch.logits, keys};
     return cuda::cuda_result(cuda::launch_gemv(g, launch()), "LM head (GEMV)");
   }
   // The last layer's down projection is still in proj: add it for these rows only.
-  SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(scratch.x, scratch.proj, weights.final_norm, rows, H, eps(), p.logits_rows + r0, scratch.hn, launch()),
+  SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(scratch.x, scratch.proj, weights.final_norm, rows, H, eps(),
+                                            p.logits_rows + r0, scratch.hn, launch()),
                   "final RMSNorm");
   instr->mark("final_norm");
   SIESTA_TRY(linear(scratch.hn, weights.lm_head, scratch.logits, true, rows, V, H));
   instr->mark("lm_head");
   if (opt.batch_invariant) return {};  // the fixed GEMM rounds as it stores
-  SIESTA_CUDA_TRY(cuda::launch_round_to_bf16(scratch.logits, static_cast<size_t>(rows) * V, launch()), "rounding logits");
+  SIESTA_CUDA_TRY(cuda::launch_round_to_bf16(scratch.logits, static_cast<size_t>(rows) * V, launch()),
+                  "rounding logits");
   instr->mark("round_logits");
   return {};
 }
@@ -430,8 +440,8 @@ Result<void> CudaQwen3::Impl::enqueue_step(const PassDevice& p, bool choose) {
   SIESTA_TRY(enqueue_layers(p));
   SIESTA_TRY(enqueue_logits(p, 0, p.R));
   if (choose) {
-    SIESTA_CUDA_TRY(cuda::launch_sample_tokens(scratch.logits, p.R, cfg.vocab_size, p.sampling, p.banned, scratch.chosen, launch(),
-                                               logits_argmax),
+    SIESTA_CUDA_TRY(cuda::launch_sample_tokens(scratch.logits, p.R, cfg.vocab_size, p.sampling, p.banned,
+                                               scratch.chosen, launch(), logits_argmax),
                     "token sampling");
     instr->mark("sampling");
   }
@@ -441,8 +451,8 @@ Result<void> CudaQwen3::Impl::enqueue_step(const PassDevice& p, bool choose) {
 Result<void> CudaQwen3::Impl::copy_logits_rows(int device_row, int rows, float* host) {
   if (rows <= 0) return {};
   const size_t V = cfg.vocab_size;
-  return cuda::cuda_result(cudaMemcpyAsync(host, scratch.logits + static_cast<size_t>(device_row) * V, rows * V * sizeof(float),
-                                           cudaMemcpyDeviceToHost, stream),
+  return cuda::cuda_result(cudaMemcpyAsync(host, scratch.logits + static_cast<size_t>(device_row) * V,
+                                           rows * V * sizeof(float), cudaMemcpyDeviceToHost, stream),
                            "copying logits to the host");
 }
 
@@ -551,11 +561,15 @@ Result<std::unique_ptr<CudaQwen3>> CudaQwen3::create(const ModelConfig& cfg, con
                             "(and hidden_size at most 8192)");
   if (options.max_batch_tokens < 1 || options.max_seqs < 1 || options.max_seqs > 65535)
     return invalid_argument("CUDA model: max_batch_tokens and max_seqs must be positive (max_seqs <= 65535)");
-  if (options.instrumentation.decode_partition_tokens != 0 && !cuda::decode_partition_supported(options.instrumentation.decode_partition_tokens))
-    return invalid_argument("CUDA model: decode_partition_tokens " + std::to_string(options.instrumentation.decode_partition_tokens) +
+  if (options.instrumentation.decode_partition_tokens != 0 &&
+      !cuda::decode_partition_supported(options.instrumentation.decode_partition_tokens))
+    return invalid_argument("CUDA model: decode_partition_tokens " +
+                            std::to_string(options.instrumentation.decode_partition_tokens) +
                             " is not compiled (64, 128 or 256)");
-  if (options.instrumentation.prefill_warp_rows != 0 && !cuda::prefill_warp_rows_supported(options.instrumentation.prefill_warp_rows))
-    return invalid_argument("CUDA model: prefill_warp_rows " + std::to_string(options.instrumentation.prefill_warp_rows) +
+  if (options.instrumentation.prefill_warp_rows != 0 &&
+      !cuda::prefill_warp_rows_supported(options.instrumentation.prefill_warp_rows))
+    return invalid_argument("CUDA model: prefill_warp_rows " +
+                            std::to_string(options.instrumentation.prefill_warp_rows) +
                             " is not compiled (16 or 32; 0 chooses)");
 
   int devices = 0;
@@ -839,8 +853,8 @@ Result<void> CudaQwen3::forward_choose(std::span<const SequenceChunk> batch, con
     SIESTA_TRY(m.enqueue_layers(p));
     if (p.R == 0) continue;
     SIESTA_TRY(m.enqueue_logits(p, 0, p.R));  // R <= max_seqs <= logits_rows_cap
-    SIESTA_CUDA_TRY(cuda::launch_sample_tokens(m.scratch.logits, p.R, m.cfg.vocab_size, p.sampling, p.banned, m.scratch.chosen,
-                                               m.launch(), m.logits_argmax),
+    SIESTA_CUDA_TRY(cuda::launch_sample_tokens(m.scratch.logits, p.R, m.cfg.vocab_size, p.sampling, p.banned,
+                                               m.scratch.chosen, m.launch(), m.logits_argmax),
                     "token sampling");
     m.instr->mark("sampling");
     SIESTA_CUDA_TRY(cudaStreamSynchronize(m.stream), "forward pass");
