@@ -8,7 +8,7 @@
 //                    [--commit SHA] [--no-invariant] [--profile] [--trace]
 //
 // Decode: B sequences with random prompts of --prompt tokens are prefilled,
-// then --gen steps run through CudaQwen3::forward_sample (greedy on the GPU,
+// then --gen steps run through CudaQwen3::forward_choose (greedy on the GPU,
 // CUDA graphs), timed on the host clock around the steps: what an engine loop
 // would see, host planning and the token's return included. The whole run is
 // done once untimed (graph capture stays out of the numbers), then timed
@@ -26,7 +26,7 @@
 // mma.sync attention kernel (prefill_N_mma: compare its attention_prefill with
 // prefill_N's).
 // --trace: the timeline of the last batch-1 decode step, graphs and programmatic
-// launch on (CudaModelOptions::trace): per kernel of a layer, when its CTAs
+// launch on (InstrumentationOptions::trace): per kernel of a layer, when its CTAs
 // start, pass the wait for the previous kernel and end, as means over the
 // layers, each relative to the previous kernel's end ("trace" in the JSON, which
 // also lists every launch's recorded CTAs: SM, start, wait and marks).
@@ -49,6 +49,7 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "model/cuda/device_limits.h"
 #include "model/cuda/qwen3_cuda.h"
 
@@ -90,7 +91,7 @@ void check(siesta::Result<void> r, const std::string& what) {
   if (!r) fail(what + ": " + r.error().message);
 }
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+using siesta::seconds_since;
 
 // Sizes of the model, for the roofline.
 struct Shape {
@@ -136,12 +137,12 @@ DecodeResult run_decode(CudaQwen3& m, const siesta::cuda::DeviceBuffer& kv, int 
     pending[b].resize(prompt);
     for (auto& t : pending[b]) t = tok(rng);
   }
-  const std::vector<siesta::cuda::SamplingRow> rows(B);  // greedy
+  const std::vector<siesta::TokenChoice> rows(B);  // greedy
   std::vector<siesta::SequenceChunk> batch(B);
-  siesta::SampledTokens st;
+  siesta::ChosenTokens st;
   auto step = [&](int32_t pos) {
     for (int b = 0; b < B; ++b) batch[b] = {pending[b], pos, tables[b], false};
-    check(m.forward_sample(batch, view, rows, st), "decode step");
+    check(m.forward_choose(batch, view, rows, st), "decode step");
     for (int b = 0; b < B; ++b) pending[b] = {st.tokens[b]};
   };
   step(0);  // prefill
@@ -254,11 +255,11 @@ int main(int argc, char** argv) {
     CudaModelOptions opt = sized_options();
     opt.batch_invariant = invariant;
     opt.programmatic_launch = md.overlap;
-    opt.prefill_heads_per_cta = md.prefill_heads_per_cta;
-    opt.prefill_warp_rows = md.prefill_warp_rows;
-    opt.decode_partition_tokens = md.decode_partition_tokens;
-    opt.prefill_wgmma = md.prefill_wgmma;
-    opt.gemv_max_rows = md.gemv_max_rows;
+    opt.instrumentation.prefill_heads_per_cta = md.prefill_heads_per_cta;
+    opt.instrumentation.prefill_warp_rows = md.prefill_warp_rows;
+    opt.instrumentation.decode_partition_tokens = md.decode_partition_tokens;
+    opt.instrumentation.prefill_wgmma = md.prefill_wgmma;
+    opt.instrumentation.gemv_max_rows = md.gemv_max_rows;
     auto model = check(CudaQwen3::load(a.model, alloc, opt), "loading " + a.model);
     cfg = model->config();
     shape = shape_of(cfg, model->weight_bytes());
@@ -315,25 +316,25 @@ int main(int argc, char** argv) {
   }
 
   // The GPU's part of a decode step: the default configuration once more, its
-  // graphs captured between two event nodes (CudaModelOptions::time_graphs),
+  // graphs captured between two event nodes (InstrumentationOptions::time_graphs),
   // against the host's clock around the same steps. The difference is the
   // host's share: the metadata copy, the graph launch, the synchronisation and
   // the planning.
   json graph_timing;
   {
     CudaModelOptions opt = sized_options();
-    opt.time_graphs = true;
+    opt.instrumentation.time_graphs = true;
     auto model = check(CudaQwen3::load(a.model, alloc, opt), "loading " + a.model);
     for (int B : a.batches) {
       if (B > 8) continue;  // the small steps, where the host's share matters
       const int blocks = B * ((a.prompt + a.gen + 15) / 16);
       const siesta::cuda::DeviceBuffer kv = check(model->allocate_kv_cache(blocks), "allocating the KV cache");
       run_decode(*model, kv, B, a.prompt, a.gen, 1);  // warm-up: captures the graphs
-      model->reset_profile();
+      model->instrumentation().reset();
       double seconds = 0;
       for (int i = 0; i < kDecodeRuns; ++i) seconds += run_decode(*model, kv, B, a.prompt, a.gen, 2).seconds;
       // Each run's first step is its prefill (no graph): the graph steps are the decode steps.
-      const double host_ms = seconds * 1e3 / (kDecodeRuns * a.gen), gpu_ms = model->graph_step_ms();
+      const double host_ms = seconds * 1e3 / (kDecodeRuns * a.gen), gpu_ms = model->instrumentation().graph_step_ms();
       graph_timing[std::to_string(B)] = {
           {"host_ms_per_step", host_ms}, {"graph_ms_per_step", gpu_ms}, {"host_share_ms", host_ms - gpu_ms}};
       std::printf("graph timing, batch %d: %.3f ms per step on the host clock, %.3f in the graph (%.1f us outside)\n",
@@ -344,34 +345,34 @@ int main(int argc, char** argv) {
   json profile;
   if (a.profile) {
     CudaModelOptions opt = sized_options();
-    opt.profile = true;
+    opt.instrumentation.profile = true;
     auto model = check(CudaQwen3::load(a.model, alloc, opt), "loading " + a.model);
     auto take = [&](CudaQwen3& m, const std::string& name, double divide) {
       json j;
       double total = 0;
-      for (const auto& [label, ms] : m.profile()) {
+      for (const auto& [label, ms] : m.instrumentation().profile()) {
         j[label] = ms / divide;
         total += ms / divide;
       }
       j["total"] = total;
       profile[name] = j;
       std::printf("profile %s (ms):", name.c_str());
-      for (const auto& [label, ms] : m.profile()) std::printf(" %s %.3f", label.c_str(), ms / divide);
+      for (const auto& [label, ms] : m.instrumentation().profile()) std::printf(" %s %.3f", label.c_str(), ms / divide);
       std::printf(" | total %.3f\n", total);
-      m.reset_profile();
+      m.instrumentation().reset();
     };
     auto profile_decode = [&](CudaQwen3& m, int B, const std::string& name) {
       const int blocks = B * ((a.prompt + a.gen + 15) / 16);
       const siesta::cuda::DeviceBuffer kv = check(m.allocate_kv_cache(blocks), "allocating the KV cache");
       run_decode(m, kv, B, a.prompt, 8, 1);  // warm-up
-      m.reset_profile();
+      m.instrumentation().reset();
       run_decode(m, kv, B, a.prompt, 16, 2);
       // The first step of run_decode is the prefill: subtract it by profiling it alone.
-      const auto with_prefill = m.profile();
-      m.reset_profile();
+      const auto with_prefill = m.instrumentation().profile();
+      m.instrumentation().reset();
       run_decode(m, kv, B, a.prompt, 0, 2);
-      const auto prefill_only = m.profile();
-      m.reset_profile();
+      const auto prefill_only = m.instrumentation().profile();
+      m.instrumentation().reset();
       json j;
       double total = 0;
       for (const auto& [label, ms] : with_prefill) {
@@ -390,17 +391,17 @@ int main(int argc, char** argv) {
     for (int B : a.batches) profile_decode(*model, B, "decode_" + std::to_string(B));
     for (int n : a.prefill) {
       run_prefill_ms(*model, n, 3);  // 12 runs
-      model->reset_profile();
+      model->instrumentation().reset();
       run_prefill_ms(*model, n, 3);
       take(*model, "prefill_" + std::to_string(n), 12);
     }
     // The same prefills with the mma.sync attention kernel (its rows per warp chosen per pass).
     model.reset();
-    opt.prefill_wgmma = false;
+    opt.instrumentation.prefill_wgmma = false;
     auto model_mma = check(CudaQwen3::load(a.model, alloc, opt), "loading " + a.model);
     for (int n : a.prefill) {
       run_prefill_ms(*model_mma, n, 3);
-      model_mma->reset_profile();
+      model_mma->instrumentation().reset();
       run_prefill_ms(*model_mma, n, 3);
       take(*model_mma, "prefill_" + std::to_string(n) + "_mma", 12);
     }
@@ -409,18 +410,18 @@ int main(int argc, char** argv) {
   json trace;
   if (a.trace) {
     CudaModelOptions opt;
-    opt.trace = true;
+    opt.instrumentation.trace = true;
     opt.max_model_len = a.prompt + a.gen;
     auto model = check(CudaQwen3::load(a.model, alloc, opt), "loading " + a.model);
     const siesta::cuda::DeviceBuffer kv =
         check(model->allocate_kv_cache((a.prompt + a.gen + 15) / 16), "allocating the KV cache");
     run_decode(*model, kv, 1, a.prompt, a.gen, 1);
     const DecodeResult r = run_decode(*model, kv, 1, a.prompt, a.gen, 1);
-    const std::vector<siesta::KernelTrace> t = model->trace();
+    const std::vector<siesta::cuda::KernelTrace> t = model->instrumentation().trace();
     // Per kernel of a layer (layers 1 to L - 2): ns from the previous kernel's
     // end to this one's first / last CTA start, first / last CTA past the wait, its
     // marks and its end (negative: before the previous kernel ended).
-    constexpr int kWords = siesta::KernelTrace::kMarks, kEnd = kWords - 1;
+    constexpr int kWords = siesta::cuda::KernelTrace::kMarks, kEnd = kWords - 1;
     static const char* const kMarks[kWords] = {"start", "start_last", "wait_first", "wait_last",
                                                "mark3", "mark4",      "mark5",      "end"};
     json per_kernel = json::array();

@@ -16,8 +16,8 @@
 #include <memory>
 #include <string>
 
+#include "bench/transfer/transfer_bench.h"
 #include "cli/commands.h"
-#include "transfer/transfer_bench.h"
 
 namespace siesta::cli {
 

@@ -109,7 +109,7 @@ Result<void> run_serve(ServeFlags& f) {
   std::unique_ptr<KvConnector> connector;
   if (!f.kv_transfer_config.empty()) {
     SIESTA_ASSIGN_OR_RETURN(pd::PdConfig pd_config, pd::parse_kv_transfer_config(f.kv_transfer_config));
-    pd_config.cuda_device = f.engine.cuda_device;
+    pd_config.transfer.cuda_device = f.engine.cuda_device;
     pd_config.http_api_key = f.server.api_key;
     SIESTA_TRY(pd::load_auth_key(pd_config));
     SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<pd::SiestaConnector> c,

@@ -130,13 +130,13 @@ Result<void> BlockPool::reset_prefix_cache() {
   return {};
 }
 
-Result<void> BlockPool::hold(const std::string& owner, std::span<const BlockId> blocks) {
-  if (holds_.count(owner)) return conflict("KV cache: '" + owner + "' already holds blocks");
+Result<void> BlockPool::hold(const HoldKey& owner, std::span<const BlockId> blocks) {
+  if (holds_.count(owner)) return conflict("KV cache: '" + to_string(owner) + "' already holds blocks");
   for (BlockId b : blocks) {
     if (b < 0 || b >= num_blocks())
       return invalid_argument("KV cache: cannot hold block " + std::to_string(b) + ": no such block");
     if (ref_[b] == 0)
-      return invalid_argument("KV cache: cannot hold block " + std::to_string(b) + " for '" + owner +
+      return invalid_argument("KV cache: cannot hold block " + std::to_string(b) + " for '" + to_string(owner) +
                               "': it is free (its data may already be overwritten)");
   }
   acquire(blocks);
@@ -145,9 +145,9 @@ Result<void> BlockPool::hold(const std::string& owner, std::span<const BlockId> 
   return {};
 }
 
-Result<void> BlockPool::release_hold(const std::string& owner) {
+Result<void> BlockPool::release_hold(const HoldKey& owner) {
   auto it = holds_.find(owner);
-  if (it == holds_.end()) return not_found("KV cache: '" + owner + "' holds no blocks");
+  if (it == holds_.end()) return not_found("KV cache: '" + to_string(owner) + "' holds no blocks");
   std::vector<BlockId> blocks = std::move(it->second);
   holds_.erase(it);
   num_held_ -= static_cast<int>(blocks.size());
@@ -156,23 +156,23 @@ Result<void> BlockPool::release_hold(const std::string& owner) {
   return {};
 }
 
-const std::vector<BlockId>* BlockPool::held_by(const std::string& owner) const {
+const std::vector<BlockId>* BlockPool::held_by(const HoldKey& owner) const {
   auto it = holds_.find(owner);
   return it == holds_.end() ? nullptr : &it->second;
 }
 
-std::vector<std::string> BlockPool::hold_owners() const {
-  std::vector<std::string> out;
+std::vector<HoldKey> BlockPool::hold_owners() const {
+  std::vector<HoldKey> out;
   out.reserve(holds_.size());
   for (const auto& [owner, blocks] : holds_) out.push_back(owner);
   std::sort(out.begin(), out.end());
   return out;
 }
 
-int BlockPool::num_held_blocks_with_prefix(std::string_view prefix) const {
+int BlockPool::num_held_blocks(HoldKind kind) const {
   int n = 0;
   for (const auto& [owner, blocks] : holds_)
-    if (std::string_view(owner).substr(0, prefix.size()) == prefix) n += static_cast<int>(blocks.size());
+    if (owner.kind == kind) n += static_cast<int>(blocks.size());
   return n;
 }
 

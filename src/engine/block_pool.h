@@ -8,7 +8,7 @@
 //   std::optional<BlockId> hit = pool.find_cached(hash);
 //   pool.acquire({&*hit, 1});                          // another request shares it (ref 2)
 //   pool.release(blocks);                              // ref - 1; at 0 the block is free
-//   pool.hold("req-7", blocks) / pool.release_hold("req-7");   // see below
+//   pool.hold(send_hold_owner("req-7"), blocks) / pool.release_hold(...);   // see below
 //   pool.reset_prefix_cache();                         // only while no block is in use
 //
 // A free block keeps its hash and stays findable until it is reused: free
@@ -17,7 +17,7 @@
 // the cache is evicted least recently released first; a caller that releases
 // a sequence's blocks tail first makes its tail go before its prefix.
 //
-// Holds: an owner (a string id, e.g. a P/D send of request X) takes one more
+// Holds: an owner (a HoldKey, e.g. the P/D send of request X) takes one more
 // reference on a set of blocks, so they outlive the request that filled them
 // (a prefill engine keeps a finished request's blocks until the decode engine
 // has read them). release_hold gives those references back. An owner has at
@@ -37,6 +37,7 @@
 
 #include "common/status.h"
 #include "engine/block_hash.h"
+#include "engine/hold_key.h"
 
 namespace siesta {
 
@@ -89,13 +90,13 @@ class BlockPool {
 
   // --- holds
   // kConflict if `owner` already holds blocks; kInvalidArgument for a free block or a bad id.
-  Result<void> hold(const std::string& owner, std::span<const BlockId> blocks);
+  Result<void> hold(const HoldKey& owner, std::span<const BlockId> blocks);
   // kNotFound if `owner` holds nothing.
-  Result<void> release_hold(const std::string& owner);
-  const std::vector<BlockId>* held_by(const std::string& owner) const;
-  std::vector<std::string> hold_owners() const;
-  // Block references taken by holds whose owner starts with `prefix`.
-  int num_held_blocks_with_prefix(std::string_view prefix) const;
+  Result<void> release_hold(const HoldKey& owner);
+  const std::vector<BlockId>* held_by(const HoldKey& owner) const;
+  std::vector<HoldKey> hold_owners() const;  // sorted
+  // Block references taken by holds of this kind.
+  int num_held_blocks(HoldKind kind) const;
 
   BlockPoolStats stats() const;
 
@@ -114,7 +115,7 @@ class BlockPool {
   std::vector<int32_t> next_;
   int num_free_ = 0;
   std::unordered_map<BlockHash, BlockId, BlockHashHasher> cached_;
-  std::unordered_map<std::string, std::vector<BlockId>> holds_;
+  std::unordered_map<HoldKey, std::vector<BlockId>, HoldKeyHasher> holds_;
   int num_held_ = 0;
   uint64_t queries_ = 0;
   uint64_t hits_ = 0;

@@ -5,6 +5,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
 #include "engine/engine_model.h"
@@ -331,8 +332,14 @@ Deadline loop_deadline(Deadline caller) {
   return caller - std::min<Clock::duration>(std::chrono::milliseconds(500), left / 10);
 }
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
+// The end of a request the scheduler never ran (shut down, refused, held too
+// long, dropped): no output, nothing cached; `error` says why, where the
+// engine failed it.
+RequestDelta ended_before_start(const EngineRequest& request, std::optional<Status> error) {
+  RequestDelta d;
+  d.finish = RequestFinish{FinishReason::kAbort, {}, static_cast<int32_t>(request.prompt_tokens.size()), 0, 0,
+                           std::move(error), nullptr};
+  return d;
 }
 
 void add(memory::TagBytes& into, const memory::TagBytes& bytes) {
@@ -857,8 +864,8 @@ Result<KvReleaseReport> Engine::release_kv_blocks(KvReleaseScope scope, const st
     }
     if (!why.empty()) {
       if (report.deregistered) restore_kv_registration(call);
-      const int held_remote = pool_->num_held_blocks_with_prefix(send_hold_owner(""));
-      const int held_loads = pool_->num_held_blocks_with_prefix(load_hold_owner(""));
+      const int held_remote = pool_->num_held_blocks(HoldKind::kSend);
+      const int held_loads = pool_->num_held_blocks(HoldKind::kLoad);
       return Status{code, call + ": " + std::to_string(ps.num_blocks - ps.num_free_blocks) + " of " +
                               std::to_string(ps.num_blocks) + " KV blocks were still held (" +
                               std::to_string(held_remote) + " for remote readers, " + std::to_string(held_loads) +
@@ -961,10 +968,8 @@ void Engine::run_loop() {
   }
   for (EngineSubmission& s : held) {
     if (connector_) connector_->on_request_dropped(s.request);
-    RequestDelta d;
-    d.finish = RequestFinish{FinishReason::kAbort, {}, static_cast<int32_t>(s.request.prompt_tokens.size()), 0, 0,
-                             unavailable("the engine shut down before the request started"), nullptr};
-    s.stream->push(s.index, std::move(d));
+    s.stream->push(s.index,
+                   ended_before_start(s.request, unavailable("the engine shut down before the request started")));
   }
   publish_metrics();
 }
@@ -987,10 +992,7 @@ void Engine::admit(std::vector<EngineSubmission>& submissions) {
         inbox_->live_ids.erase(id);
       }
       if (connector_) connector_->on_request_aborted(id);
-      RequestDelta d;
-      d.finish = RequestFinish{FinishReason::kAbort, {}, static_cast<int32_t>(s.request.prompt_tokens.size()), 0, 0,
-                               ok.error(), nullptr};
-      s.stream->push(s.index, std::move(d));
+      s.stream->push(s.index, ended_before_start(s.request, ok.error()));
       metrics_.record_finish(FinishReason::kAbort, 0.0);
       continue;
     }
@@ -1032,10 +1034,7 @@ void Engine::apply_aborts(const std::vector<RequestId>& ids) {
   }
   for (EngineSubmission& s : held) {
     if (connector_) connector_->on_request_dropped(s.request);
-    RequestDelta d;
-    d.finish = RequestFinish{FinishReason::kAbort, {}, static_cast<int32_t>(s.request.prompt_tokens.size()), 0, 0,
-                             std::nullopt, nullptr};
-    s.stream->push(s.index, std::move(d));
+    s.stream->push(s.index, ended_before_start(s.request, std::nullopt));
     metrics_.record_finish(FinishReason::kAbort, std::chrono::duration<double>(now - s.arrival).count());
   }
 }
@@ -1064,10 +1063,7 @@ void Engine::expire_held(Clock::time_point now) {
       (engine_is_sleeping(state) || state == EngineState::kPausedKvReleased ? "POST /wake_up" : "POST /resume"));
   for (EngineSubmission& s : expired) {
     if (connector_) connector_->on_request_dropped(s.request);
-    RequestDelta d;
-    d.finish = RequestFinish{FinishReason::kAbort, {}, static_cast<int32_t>(s.request.prompt_tokens.size()), 0, 0, why,
-                             nullptr};
-    s.stream->push(s.index, std::move(d));
+    s.stream->push(s.index, ended_before_start(s.request, why));
     metrics_.record_finish(FinishReason::kAbort, std::chrono::duration<double>(now - s.arrival).count());
   }
   SIESTA_LOG_WARN("engine: {} requests held longer than {} s while {} ended with an error", expired.size(),
@@ -1098,9 +1094,9 @@ void Engine::poll_connector() {
       SIESTA_LOG_WARN("engine: remote KV for {}: {}", f.id, ok.error().message);
   }
   if (!first_tokens.empty()) outputs_.process(first_tokens, *scheduler_, connector_.get(), Clock::now());
-  for (const std::string& owner : u.releasable_holds)
+  for (const HoldKey& owner : u.releasable_holds)
     if (auto ok = scheduler_->release_hold(owner); !ok)
-      SIESTA_LOG_WARN("engine: releasing hold {}: {}", owner, ok.error().message);
+      SIESTA_LOG_WARN("engine: releasing hold {}: {}", to_string(owner), ok.error().message);
 }
 
 std::optional<RequestOutput> Engine::continue_from_remote_logits(const FinishedLoad& f) {
@@ -1148,8 +1144,8 @@ void Engine::publish_metrics() {
   }
   metrics_.set_state(ss.num_running, ss.num_waiting + static_cast<int32_t>(held), ps.usage(), ps.num_blocks,
                      ps.prefix_cache_queries, ps.prefix_cache_hits, ss.num_preemptions);
-  metrics_.set_kv_blocks(ps.num_blocks - ps.num_free_blocks, pool_->num_held_blocks_with_prefix(send_hold_owner("")),
-                         pool_->num_held_blocks_with_prefix(load_hold_owner("")));
+  metrics_.set_kv_blocks(ps.num_blocks - ps.num_free_blocks, pool_->num_held_blocks(HoldKind::kSend),
+                         pool_->num_held_blocks(HoldKind::kLoad));
 }
 
 }  // namespace siesta

@@ -57,8 +57,9 @@
 #include "engine/engine_request.h"
 #include "engine/engine_status.h"
 #include "engine/engine_stream.h"
+#include "engine/hold_key.h"
+#include "engine/remote_kv.h"
 #include "engine/request_output.h"
-#include "engine/scheduler.h"
 
 namespace siesta {
 
@@ -84,7 +85,7 @@ struct FinishedLoad {
 
 struct ConnectorUpdates {
   std::vector<FinishedLoad> finished_loads;
-  std::vector<std::string> releasable_holds;  // send_hold_owner / load_hold_owner names
+  std::vector<HoldKey> releasable_holds;  // send_hold_owner / load_hold_owner
 };
 
 // What release_transfer_kv prepares for.

@@ -25,11 +25,10 @@
 #include <mutex>
 #include <vector>
 
+#include "common/clock.h"
 #include "engine/engine_request.h"
 
 namespace siesta {
-
-using Deadline = std::chrono::steady_clock::time_point;
 
 struct IndexedDelta {
   size_t index = 0;

@@ -20,8 +20,6 @@
 
 namespace siesta {
 
-using RequestId = std::string;
-
 // What a caller submits.
 struct NewRequest {
   RequestId id;
@@ -30,16 +28,10 @@ struct NewRequest {
   // Requests with different salts never share KV through the prefix cache.
   std::string cache_salt;
   // P/D producer: when the request finishes (not aborted), its blocks stay
-  // allocated under the hold send_hold_owner(id) until released
+  // allocated under the hold send_hold_owner(id) (hold_key.h) until released
   // (Scheduler::release_hold), so a decode engine can read them.
   bool hold_blocks_for_remote_reader = false;
 };
-
-// Hold owners (BlockPool::hold) that the scheduler creates.
-inline std::string send_hold_owner(const RequestId& id) { return "send:" + id; }
-// Blocks of a request aborted while a peer was writing its KV: kept until the
-// P/D layer knows the write has ended.
-inline std::string load_hold_owner(const RequestId& id) { return "load:" + id; }
 
 struct Request {
   RequestId id;

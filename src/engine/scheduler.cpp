@@ -330,7 +330,7 @@ Result<void> Scheduler::reset_prefix_cache(bool reset_running_requests) {
   return ok;
 }
 
-Result<void> Scheduler::release_hold(const std::string& owner) { return pool_.release_hold(owner); }
+Result<void> Scheduler::release_hold(const HoldKey& owner) { return pool_.release_hold(owner); }
 
 Result<RemoteKvTarget> Scheduler::await_remote_kv(const RequestId& id) {
   Request* req = lookup(id);

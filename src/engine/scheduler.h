@@ -53,6 +53,7 @@
 #include "common/status.h"
 #include "engine/block_pool.h"
 #include "engine/block_table_allocator.h"
+#include "engine/remote_kv.h"
 #include "engine/request.h"
 #include "engine/request_output.h"
 #include "engine/sampled_token.h"
@@ -78,11 +79,6 @@ struct SchedulerStats {
   int32_t num_waiting_for_remote_kv = 0;
   uint64_t num_preemptions = 0;
   uint64_t num_remote_kv_failures = 0;
-};
-
-struct RemoteKvTarget {
-  std::vector<BlockId> block_table;   // where the prompt's KV goes (all of it)
-  int32_t num_cached_tokens = 0;      // leading tokens already present (prefix cache): no transfer needed
 };
 
 class Scheduler {
@@ -126,7 +122,7 @@ class Scheduler {
   // remote readers or loads always block the reset.
   Result<void> reset_prefix_cache(bool reset_running_requests = false);
   // Gives back a hold the scheduler created (send_hold_owner / load_hold_owner).
-  Result<void> release_hold(const std::string& owner);
+  Result<void> release_hold(const HoldKey& owner);
 
   // P/D consumer: allocates blocks for a Waiting request's whole prompt
   // (prefix-cache hits included) and parks it in WaitingForRemoteKv.

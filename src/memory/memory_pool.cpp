@@ -9,16 +9,13 @@
 
 #include <fmt/format.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 
 namespace siesta::memory {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 std::string join(const std::vector<std::string>& parts, const char* sep) {
   std::string out;

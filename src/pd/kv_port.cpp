@@ -16,7 +16,7 @@ class TransferKvPort final : public KvPort {
   const std::string& address() const override { return transfers_.address(); }
 
   Result<transfer::EngineMeta> peer(const std::string& engine_id, const std::string& address,
-                                    std::optional<uint64_t> epoch, transfer::Deadline deadline) override {
+                                    std::optional<uint64_t> epoch, Deadline deadline) override {
     auto state = transfers_.peer_state(engine_id);
     auto meta = transfers_.peer_meta(engine_id);
     const bool usable =
@@ -37,11 +37,11 @@ class TransferKvPort final : public KvPort {
 
   Result<transfer::XferId> submit(const std::string& peer, transfer::XferOp op,
                                   const std::vector<transfer::XferEntry>& entries,
-                                  transfer::Deadline deadline) override {
+                                  Deadline deadline) override {
     return transfers_.submit(peer, op, entries, std::nullopt, deadline);
   }
   Result<transfer::XferId> submit_notify_later(const std::string& peer, const std::vector<transfer::XferEntry>& entries,
-                                               transfer::Deadline deadline) override {
+                                               Deadline deadline) override {
     return transfers_.submit_notify_later(peer, transfer::XferOp::kWrite, entries, deadline);
   }
   Result<void> set_notification(transfer::XferId id, std::string payload) override {
@@ -50,12 +50,12 @@ class TransferKvPort final : public KvPort {
   transfer::XferStatus poll(transfer::XferId id) override { return transfers_.poll(id); }
   bool in_flight(transfer::XferId id) const override { return transfers_.in_flight(id); }
 
-  Result<Reply> send(const std::string& address, std::string payload, transfer::Deadline deadline) override {
+  Result<Reply> send(const std::string& address, std::string payload, Deadline deadline) override {
     SIESTA_ASSIGN_OR_RETURN(std::string answer, transfers_.send_message(address, std::move(payload), deadline));
     return decode_reply(answer);
   }
 
-  Result<PrefillSideChannel> resolve_prefill(const std::string& url, transfer::Deadline deadline) override {
+  Result<PrefillSideChannel> resolve_prefill(const std::string& url, Deadline deadline) override {
     return locator_.resolve(url, deadline);
   }
   void forget_prefill(const std::string& url) override { locator_.forget(url); }

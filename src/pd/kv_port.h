@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "pd/pd_messages.h"
 #include "pd/prefill_locator.h"
-#include "transfer/deadline.h"
 #include "transfer/engine_meta.h"
 #include "transfer/xfer.h"
 
@@ -43,16 +43,16 @@ class KvPort {
   // epoch. Fails when `address` serves another engine, or the peer is at
   // another epoch than `epoch` after the handshake.
   virtual Result<transfer::EngineMeta> peer(const std::string& engine_id, const std::string& address,
-                                            std::optional<uint64_t> epoch, transfer::Deadline deadline) = 0;
+                                            std::optional<uint64_t> epoch, Deadline deadline) = 0;
 
   // A READ or WRITE of `entries` with `peer`, ending (done or failed) by `deadline`.
   virtual Result<transfer::XferId> submit(const std::string& peer, transfer::XferOp op,
                                           const std::vector<transfer::XferEntry>& entries,
-                                          transfer::Deadline deadline) = 0;
+                                          Deadline deadline) = 0;
   // A WRITE whose notification (set_notification) reaches the peer after its data.
   virtual Result<transfer::XferId> submit_notify_later(const std::string& peer,
                                                        const std::vector<transfer::XferEntry>& entries,
-                                                       transfer::Deadline deadline) = 0;
+                                                       Deadline deadline) = 0;
   virtual Result<void> set_notification(transfer::XferId id, std::string payload) = 0;
   // The transfer's status; a final one is reported once.
   virtual transfer::XferStatus poll(transfer::XferId id) = 0;
@@ -62,10 +62,10 @@ class KvPort {
 
   // A P/D message to the side channel at `address` and its reply. Transport
   // failures are errors; a refusal is a Reply with ok false.
-  virtual Result<Reply> send(const std::string& address, std::string payload, transfer::Deadline deadline) = 0;
+  virtual Result<Reply> send(const std::string& address, std::string payload, Deadline deadline) = 0;
 
   // WRITE mode: the side channel of the prefill instance at HTTP `url`.
-  virtual Result<PrefillSideChannel> resolve_prefill(const std::string& url, transfer::Deadline deadline) = 0;
+  virtual Result<PrefillSideChannel> resolve_prefill(const std::string& url, Deadline deadline) = 0;
   // A lookup that proved stale.
   virtual void forget_prefill(const std::string& url) = 0;
 };
@@ -78,7 +78,7 @@ class TaskRunner {
 };
 
 // "Now", for every deadline of the producer and the consumer.
-using PdClock = std::function<transfer::Clock::time_point()>;
+using PdClock = std::function<Clock::time_point()>;
 
 // The KvPort of a real engine: its TransferEngine and a PrefillLocator that
 // sends `http_api_key` (empty: none) to a prefill instance's /kv_transfer_info.

@@ -90,6 +90,14 @@ const char* kv_role_name(KvRole role) {
 
 const char* transfer_mode_name(TransferMode m) { return m == TransferMode::kWrite ? "write" : "read"; }
 
+transfer::TransferConfig default_pd_transfer_config() {
+  transfer::TransferConfig t;
+  t.backend = transfer::BackendKind::kUcx;
+  t.side_channel.host = "127.0.0.1";
+  t.side_channel.port = 0;
+  return t;
+}
+
 Result<PdConfig> parse_kv_transfer_config(std::string_view text) {
   Result<json> parsed = parse_json(text);
   if (!parsed) return bad(parsed.error().message + ": " + std::string(text.substr(0, 80)));
@@ -109,8 +117,8 @@ Result<PdConfig> parse_kv_transfer_config(std::string_view text) {
   else if (role == "kv_both") c.role = KvRole::kBoth;
   else return bad("kv_role '" + role + "' is not one of kv_producer, kv_consumer, kv_both");
   if (root.contains("engine_id")) {
-    SIESTA_ASSIGN_OR_RETURN(c.engine_id, string_field(root, "engine_id", "config"));
-    if (c.engine_id.empty()) return bad("engine_id must not be empty (leave it out for a random one)");
+    SIESTA_ASSIGN_OR_RETURN(c.transfer.engine_id, string_field(root, "engine_id", "config"));
+    if (c.transfer.engine_id.empty()) return bad("engine_id must not be empty (leave it out for a random one)");
   }
 
   json extra = json::object();
@@ -126,9 +134,10 @@ Result<PdConfig> parse_kv_transfer_config(std::string_view text) {
                              "ucx_guarded", "ipc_copy", "auth_key", "auth_key_file", "allow_unauthenticated_peers"},
                             where));
   if (extra.contains("backend")) {
-    SIESTA_ASSIGN_OR_RETURN(c.backend, string_field(extra, "backend", where));
-    if (c.backend != "ucx" && c.backend != "ipc")
-      return bad(where + ".backend '" + c.backend + "' is not one of ucx, ipc");
+    SIESTA_ASSIGN_OR_RETURN(std::string backend, string_field(extra, "backend", where));
+    auto kind = transfer::parse_backend_kind(backend);
+    if (!kind) return bad(where + ".backend '" + backend + "' is not one of ucx, ipc");
+    c.transfer.backend = *kind;
   }
   if (extra.contains("mode")) {
     SIESTA_ASSIGN_OR_RETURN(std::string mode, string_field(extra, "mode", where));
@@ -137,14 +146,14 @@ Result<PdConfig> parse_kv_transfer_config(std::string_view text) {
     else return bad(where + ".mode '" + mode + "' is not one of write, read");
   }
   if (extra.contains("side_channel_host")) {
-    SIESTA_ASSIGN_OR_RETURN(c.side_channel_host, string_field(extra, "side_channel_host", where));
-    if (c.side_channel_host.empty()) return bad(where + ".side_channel_host must not be empty");
+    SIESTA_ASSIGN_OR_RETURN(c.transfer.side_channel.host, string_field(extra, "side_channel_host", where));
+    if (c.transfer.side_channel.host.empty()) return bad(where + ".side_channel_host must not be empty");
   }
   if (extra.contains("side_channel_port")) {
     const json& v = extra.at("side_channel_port");
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 65535)
       return bad(where + ".side_channel_port must be an integer in [0, 65535] (0: a free port), got " + v.dump());
-    c.side_channel_port = static_cast<uint16_t>(v.get<int64_t>());
+    c.transfer.side_channel.port = static_cast<uint16_t>(v.get<int64_t>());
   }
   if (extra.contains("load_timeout_s")) {
     SIESTA_ASSIGN_OR_RETURN(c.load_timeout, seconds_field(extra, "load_timeout_s"));
@@ -169,37 +178,42 @@ Result<PdConfig> parse_kv_transfer_config(std::string_view text) {
   }
   for (const char* key : {"ucx_transports", "ucx_net_devices", "ucx_peer_error_handling", "ucx_guarded"}) {
     if (!extra.contains(key)) continue;
-    if (c.backend != "ucx")
-      return bad(where + "." + key + " applies to the ucx backend, and backend is '" + c.backend + "'");
+    if (c.transfer.backend != transfer::BackendKind::kUcx)
+      return bad(where + "." + key + " applies to the ucx backend, and backend is '" +
+                 transfer::backend_kind_name(c.transfer.backend) + "'");
   }
   if (extra.contains("ucx_transports")) {
-    SIESTA_ASSIGN_OR_RETURN(c.ucx_transports, string_field(extra, "ucx_transports", where));
+    SIESTA_ASSIGN_OR_RETURN(c.transfer.ucx_transports, string_field(extra, "ucx_transports", where));
   }
   if (extra.contains("ucx_net_devices")) {
-    SIESTA_ASSIGN_OR_RETURN(c.ucx_net_devices, string_field(extra, "ucx_net_devices", where));
+    SIESTA_ASSIGN_OR_RETURN(c.transfer.ucx_net_devices, string_field(extra, "ucx_net_devices", where));
   }
   if (extra.contains("ucx_peer_error_handling")) {
     const json& v = extra.at("ucx_peer_error_handling");
     if (!v.is_boolean()) return bad(where + ".ucx_peer_error_handling must be a boolean, got " + type_of(v));
-    c.ucx_peer_error_handling = v.get<bool>();
+    c.transfer.ucx_peer_error_handling = v.get<bool>();
   }
   if (extra.contains("ucx_guarded")) {
     const json& v = extra.at("ucx_guarded");
     if (!v.is_boolean()) return bad(where + ".ucx_guarded must be a boolean, got " + type_of(v));
-    c.ucx_guarded = v.get<bool>();
+    c.transfer.ucx_guarded = v.get<bool>();
   }
 
   if (extra.contains("ipc_copy")) {
-    if (c.backend != "ipc") return bad(where + ".ipc_copy applies to the ipc backend, and backend is '" + c.backend + "'");
-    SIESTA_ASSIGN_OR_RETURN(c.ipc_copy, string_field(extra, "ipc_copy", where));
-    if (c.ipc_copy != "auto" && c.ipc_copy != "kernel" && c.ipc_copy != "copy_engine")
-      return bad(where + ".ipc_copy '" + c.ipc_copy + "' is not one of auto, kernel, copy_engine");
+    if (c.transfer.backend != transfer::BackendKind::kIpc)
+      return bad(where + ".ipc_copy applies to the ipc backend, and backend is '" +
+                 transfer::backend_kind_name(c.transfer.backend) + "'");
+    SIESTA_ASSIGN_OR_RETURN(std::string copy, string_field(extra, "ipc_copy", where));
+    auto parsed_copy = transfer::parse_ipc_copy(copy);
+    if (!parsed_copy) return bad(where + ".ipc_copy '" + copy + "' is not one of auto, kernel, copy_engine");
+    c.transfer.ipc_copy = *parsed_copy;
   }
 
   if (extra.contains("auth_key")) {
-    SIESTA_ASSIGN_OR_RETURN(c.auth_key, string_field(extra, "auth_key", where));
-    if (c.auth_key.size() < transfer::kMinAuthKeyBytes)
-      return bad(where + ".auth_key has " + std::to_string(c.auth_key.size()) + " bytes; use at least " +
+    std::string& key = c.transfer.side_channel.auth_key;
+    SIESTA_ASSIGN_OR_RETURN(key, string_field(extra, "auth_key", where));
+    if (key.size() < transfer::kMinAuthKeyBytes)
+      return bad(where + ".auth_key has " + std::to_string(key.size()) + " bytes; use at least " +
                  std::to_string(transfer::kMinAuthKeyBytes) + " (e.g. openssl rand -hex 32)");
   }
   if (extra.contains("auth_key_file")) {
@@ -244,17 +258,17 @@ Result<void> load_auth_key(PdConfig& config) {
     if (::stat(config.auth_key_file.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
       SIESTA_LOG_WARN("pd: the auth key file {} can be read by other users (mode {:o}); chmod 600 it",
                       config.auth_key_file, st.st_mode & 0777);
-    config.auth_key = std::move(key);
+    config.transfer.side_channel.auth_key = std::move(key);
   }
-  if (config.auth_key.empty() && !config.allow_unauthenticated_peers)
+  if (config.transfer.side_channel.auth_key.empty() && !config.allow_unauthenticated_peers)
     return bad(where + " needs auth_key (a shared secret of at least 16 bytes, the same on the prefill and decode "
                        "engines) or auth_key_file (a file holding it), so that the side channel trusts only its "
                        "peers; or allow_unauthenticated_peers: true to run without (anyone who reaches the side "
                        "channel can then steer transfers)");
-  if (config.auth_key.empty())
+  if (config.transfer.side_channel.auth_key.empty())
     SIESTA_LOG_WARN("pd: the side channel runs without authentication (allow_unauthenticated_peers): any process "
                     "that reaches {}:{} can steer this engine's KV transfers",
-                    config.side_channel_host, config.side_channel_port);
+                    config.transfer.side_channel.host, config.transfer.side_channel.port);
   return {};
 }
 

@@ -44,6 +44,7 @@
 #include <string_view>
 
 #include "common/status.h"
+#include "transfer/transfer_config.h"
 
 namespace siesta::pd {
 
@@ -56,14 +57,20 @@ enum class TransferMode : uint8_t { kWrite, kRead };
 const char* kv_role_name(KvRole role);          // "kv_producer", ...
 const char* transfer_mode_name(TransferMode m);  // "write", "read"
 
+// The transfer engine's settings as P/D starts from them: the ucx backend
+// (the documented default of kv_connector_extra_config.backend), a side
+// channel on 127.0.0.1 at a free port.
+transfer::TransferConfig default_pd_transfer_config();
+
 struct PdConfig {
   KvRole role = KvRole::kBoth;
-  std::string engine_id;  // empty: the connector picks a random one
-  std::string backend = "ucx";
   TransferMode mode = TransferMode::kWrite;
-  std::string side_channel_host = "127.0.0.1";
-  uint16_t side_channel_port = 0;
-  int cuda_device = 0;  // the engine's CUDA device (from --device cuda:N, not from the JSON)
+  // What the JSON says of the transfer engine: engine_id (empty: the
+  // connector picks a random one), backend, side_channel.host / port /
+  // auth_key, ucx_*, ipc_copy; and cuda_device, the engine's CUDA device
+  // (from --device cuda:N, not from the JSON). The connector adds the rest
+  // (sleep mode, region count, handler threads).
+  transfer::TransferConfig transfer = default_pd_transfer_config();
   // The engine's --api-key (not from the JSON): a consumer sends it to look up a
   // prefill instance (GET /kv_transfer_info), which requires it when it has one.
   std::string http_api_key;
@@ -73,12 +80,7 @@ struct PdConfig {
   std::chrono::milliseconds message_timeout{5'000};
   std::chrono::milliseconds write_grace{2'000};
   int worker_threads = 4;
-  std::string ucx_transports;
-  std::string ucx_net_devices;
-  bool ucx_peer_error_handling = true;
-  bool ucx_guarded = true;
-  std::string ipc_copy = "auto";
-  std::string auth_key;       // the secret (from auth_key, or read from auth_key_file)
+  // transfer.side_channel.auth_key: the secret (from auth_key, or read from auth_key_file).
   std::string auth_key_file;
   bool allow_unauthenticated_peers = false;
 

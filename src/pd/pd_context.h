@@ -11,6 +11,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "pd/kv_port.h"
 #include "pd/pd_config.h"
@@ -20,9 +21,6 @@
 #include "transfer/region.h"
 
 namespace siesta::pd {
-
-using transfer::Clock;
-using transfer::Deadline;
 
 // This engine's KV cache as registered with the transfer engine.
 struct LocalKv {

@@ -7,17 +7,17 @@
 
 namespace siesta::pd {
 
-Result<PrefillSideChannel> PrefillLocator::resolve(const std::string& url, transfer::Deadline deadline) {
+Result<PrefillSideChannel> PrefillLocator::resolve(const std::string& url, Deadline deadline) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = cache_.find(url);
-    if (it != cache_.end() && transfer::Clock::now() - it->second.fetched < ttl_) return it->second.side_channel;
+    if (it != cache_.end() && Clock::now() - it->second.fetched < ttl_) return it->second.side_channel;
   }
   std::string base = url;
   while (!base.empty() && base.back() == '/') base.pop_back();
   if (base.rfind("http://", 0) != 0)
     return invalid_argument("remote_prefill_url '" + url + "' is not an http:// URL");
-  const int ms = transfer::millis_left(deadline);
+  const int ms = millis_left(deadline);
   if (ms <= 0) return timeout("no time left to look up the prefill instance at " + url);
   PrefillSideChannel found;
   try {
@@ -46,7 +46,7 @@ Result<PrefillSideChannel> PrefillLocator::resolve(const std::string& url, trans
     return unavailable("GET " + base + "/kv_transfer_info: " + e.what());
   }
   std::lock_guard<std::mutex> lock(mu_);
-  cache_[url] = Entry{found, transfer::Clock::now()};
+  cache_[url] = Entry{found, Clock::now()};
   return found;
 }
 

@@ -12,8 +12,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "common/clock.h"
 #include "common/status.h"
-#include "transfer/deadline.h"
 
 namespace siesta::pd {
 
@@ -28,13 +28,13 @@ class PrefillLocator {
   explicit PrefillLocator(std::string api_key = {}, std::chrono::seconds ttl = std::chrono::seconds(60))
       : api_key_(std::move(api_key)), ttl_(ttl) {}
 
-  Result<PrefillSideChannel> resolve(const std::string& url, transfer::Deadline deadline);
+  Result<PrefillSideChannel> resolve(const std::string& url, Deadline deadline);
   void forget(const std::string& url);
 
  private:
   struct Entry {
     PrefillSideChannel side_channel;
-    transfer::Clock::time_point fetched;
+    Clock::time_point fetched;
   };
   std::string api_key_;
   std::chrono::seconds ttl_;

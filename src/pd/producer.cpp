@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "common/host_port.h"
 #include "common/log.h"
 #include "pd/kv_blocks.h"
 
@@ -34,11 +35,6 @@ bool tells_consumer(SendEvent end) {
 std::string Producer::key_of(const std::string& x_request_id, int32_t choice) {
   if (x_request_id.empty()) return {};
   return x_request_id + "#" + std::to_string(choice);
-}
-
-size_t Producer::num_sends() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return sends_.size();
 }
 
 std::optional<SendState> Producer::state_of(const RequestId& id) const {
@@ -149,15 +145,14 @@ ConnectorPlan Producer::on_added(const EngineRequest& r) {
 }
 
 nlohmann::json Producer::params(const RequestId& id, const std::vector<BlockId>& blocks) const {
-  const std::string& address = ctx_.port.address();
-  const size_t colon = address.rfind(':');
+  const HostPort address = split_host_port(ctx_.port.address()).value_or(HostPort{ctx_.port.address(), "0"});
   return nlohmann::json{
       {"do_remote_prefill", true},
       {"do_remote_decode", false},
       {"remote_engine_id", ctx_.port.engine_id()},
       {"remote_block_ids", blocks},
-      {"remote_host", address.substr(0, colon)},
-      {"remote_port", std::stoi(address.substr(colon + 1))},
+      {"remote_host", address.host},
+      {"remote_port", std::stoi(address.port)},
       {"remote_request_id", id},
       {"tp_size", 1},
   };
@@ -221,7 +216,7 @@ void Producer::on_aborted(const RequestId& id) {
 
 void Producer::collect(ConnectorUpdates& updates) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (std::string& owner : orphan_holds_) updates.releasable_holds.push_back(std::move(owner));
+  for (HoldKey& owner : orphan_holds_) updates.releasable_holds.push_back(std::move(owner));
   orphan_holds_.clear();
   for (auto it = sends_.begin(); it != sends_.end();) {
     Send& s = it->second;

@@ -73,7 +73,6 @@ class Producer {
   // Sends WRITING or DRAINING: a write of ours may still read our blocks.
   size_t writes_in_flight() const;
 
-  size_t num_sends() const;
   // The send of request `id`, while it is known (tests, logs).
   std::optional<SendState> state_of(const RequestId& id) const;
 
@@ -128,7 +127,7 @@ class Producer {
   EndedRequests ended_keys_;
   // Keys the consumer cancelled before their request came: it holds nothing.
   EndedRequests cancelled_early_;
-  std::vector<std::string> orphan_holds_;  // holds the scheduler made for requests we do not track
+  std::vector<HoldKey> orphan_holds_;  // holds the scheduler made for requests we do not track
 };
 
 }  // namespace siesta::pd

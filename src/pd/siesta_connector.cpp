@@ -6,6 +6,7 @@
 #include <thread>
 #include <variant>
 
+#include "common/host_port.h"
 #include "common/log.h"
 
 namespace siesta::pd {
@@ -26,21 +27,11 @@ std::string random_engine_id() {
 }  // namespace
 
 Result<std::unique_ptr<SiestaConnector>> SiestaConnector::create(const PdConfig& config, bool sleep_mode) {
-  transfer::TransferConfig tc;
-  tc.engine_id = config.engine_id.empty() ? random_engine_id() : config.engine_id;
-  tc.backend = config.backend;
-  tc.side_channel.host = config.side_channel_host;
-  tc.side_channel.port = config.side_channel_port;
+  transfer::TransferConfig tc = config.transfer;
+  if (tc.engine_id.empty()) tc.engine_id = random_engine_id();
   tc.side_channel.handler_threads = 2;
-  tc.side_channel.auth_key = config.auth_key;
   tc.sleep_mode = sleep_mode;
   tc.max_regions = 16;
-  tc.ucx_transports = config.ucx_transports;
-  tc.ucx_net_devices = config.ucx_net_devices;
-  tc.ucx_peer_error_handling = config.ucx_peer_error_handling;
-  tc.ucx_guarded = config.ucx_guarded;
-  tc.ipc_copy = config.ipc_copy;
-  tc.cuda_device = config.cuda_device;
   auto transfers = transfer::TransferEngine::create(tc);
   if (!transfers) return transfers.error().with_context("starting the KV transfer engine");
   return std::unique_ptr<SiestaConnector>(new SiestaConnector(config, std::move(*transfers)));
@@ -58,7 +49,8 @@ SiestaConnector::SiestaConnector(PdConfig config, std::unique_ptr<transfer::Tran
   ticker_ = std::thread([this] { run_ticker(); });
   notifications_ = std::thread([this] { run_notifications(); });
   SIESTA_LOG_INFO("pd: {} engine {} ({} backend, {} mode), side channel {}", kv_role_name(config_.role),
-                  transfers_->engine_id(), config_.backend, transfer_mode_name(config_.mode), transfers_->address());
+                  transfers_->engine_id(), transfer::backend_kind_name(config_.transfer.backend),
+                  transfer_mode_name(config_.mode), transfers_->address());
 }
 
 SiestaConnector::~SiestaConnector() {
@@ -73,12 +65,12 @@ SiestaConnector::~SiestaConnector() {
 
 nlohmann::json SiestaConnector::info() const {
   const std::string& address = transfers_->address();
-  const size_t colon = address.rfind(':');
+  const HostPort hp = split_host_port(address).value_or(HostPort{address, "0"});
   return nlohmann::json{{"engine_id", transfers_->engine_id()},
                         {"side_channel_address", address},
-                        {"side_channel_host", address.substr(0, colon)},
-                        {"side_channel_port", std::stoi(address.substr(colon + 1))},
-                        {"backend", config_.backend},
+                        {"side_channel_host", hp.host},
+                        {"side_channel_port", std::stoi(hp.port)},
+                        {"backend", transfer::backend_kind_name(config_.transfer.backend)},
                         {"kv_role", kv_role_name(config_.role)},
                         {"mode", transfer_mode_name(config_.mode)}};
 }
@@ -170,7 +162,7 @@ Result<std::string> SiestaConnector::on_message(const transfer::PeerMessage& mes
 // ---- KvConnector ------------------------------------------------------------------------
 
 Result<void> SiestaConnector::on_kv_cache_mapped(const KvCacheRegion& region) {
-  if (config_.backend == "ipc" && region.export_fd < 0)
+  if (config_.transfer.backend == transfer::BackendKind::kIpc && region.export_fd < 0)
     return invalid_argument(
         "the ipc transfer backend maps the KV cache through an exported file descriptor, and this KV cache could "
         "not be exported (see the log); use \"backend\": \"ucx\" in kv_connector_extra_config");

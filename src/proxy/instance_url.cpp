@@ -1,6 +1,9 @@
 #include "proxy/instance_url.h"
 
 #include <charconv>
+#include <optional>
+
+#include "common/host_port.h"
 
 namespace siesta::proxy {
 
@@ -17,21 +20,21 @@ Result<InstanceUrl> parse_instance_url(std::string_view text) {
   while (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
   if (rest.find('/') != std::string_view::npos) return bad("a path is not allowed");
 
-  std::string_view host;
-  std::string_view port;
+  std::string host;
+  std::string port;
   if (!rest.empty() && rest.front() == '[') {
     const size_t close = rest.find(']');
     if (close == std::string_view::npos) return bad("unclosed '['");
-    host = rest.substr(1, close - 1);
+    host = std::string(rest.substr(1, close - 1));
     std::string_view after = rest.substr(close + 1);
     if (after.empty() || after.front() != ':') return bad("missing port");
-    port = after.substr(1);
+    port = std::string(after.substr(1));
   } else {
-    const size_t colon = rest.rfind(':');
-    if (colon == std::string_view::npos) return bad("missing port");
-    host = rest.substr(0, colon);
-    port = rest.substr(colon + 1);
-    if (host.find(':') != std::string_view::npos) return bad("an IPv6 host needs brackets");
+    const std::optional<HostPort> split = split_host_port(rest);
+    if (!split) return bad("missing port");
+    host = split->host;
+    port = split->port;
+    if (host.find(':') != std::string::npos) return bad("an IPv6 host needs brackets");
   }
   if (host.empty()) return bad("missing host");
   int value = 0;

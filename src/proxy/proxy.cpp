@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/exception_text.h"
 #include "common/listen_backlog.h"
 #include "common/log.h"
 #include "proxy/admin_fanout.h"
@@ -216,13 +217,7 @@ void Proxy::install_routes() {
         return httplib::Server::HandlerResponse::Handled;
       }));
   server_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
+    const std::string what = exception_text(ep);
     SIESTA_LOG_ERROR("proxy: handler threw: {}", what);
     reply_error(res, 500, error_code::kInternal, "internal error in the proxy: " + what);
   });

@@ -3,6 +3,7 @@
 #include <cctype>
 #include <ctime>
 
+#include "common/exception_text.h"
 #include "common/listen_backlog.h"
 #include "common/log.h"
 #include "server/admin_handlers.h"
@@ -132,13 +133,7 @@ ApiServer::ApiServer(Engine& engine, ServerOptions options)
         return httplib::Server::HandlerResponse::Handled;
       }));
   s.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
+    const std::string what = exception_text(ep);
     SIESTA_LOG_ERROR("server: {} {}: {}", req.method, req.path, what);
     send_error(res, ApiError{500, "server_error", "internal_error", "internal error: " + what, {}});
   });

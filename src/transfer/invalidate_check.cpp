@@ -3,15 +3,15 @@
 #include <asio/ip/address.hpp>
 #include <fmt/format.h>
 
+#include "common/host_port.h"
+
 namespace siesta::transfer {
 namespace {
 
 // The host of "host:port" or "[v6]:port".
 std::string host_of(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return host;
+  const std::optional<HostPort> hp = split_host_port(address);
+  return unbracketed(hp ? hp->host : address);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Region: a range of memory the engine may move bytes into or out of.
 //
-// The owner of the memory (the memory pool, or a test) registers it with
+// The owner of the memory (the P/D connector for the engine's KV cache, a
+// benchmark, or a test; never the memory pool, which knows nothing of
+// transfers) registers it with
 // TransferEngine::register_region(RegionSpec) and gets a RegionId. The engine
 // never allocates or frees region memory; it only maps, registers and copies.
 #pragma once

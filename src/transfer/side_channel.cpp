@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/host_port.h"
 #include "common/log.h"
 #include "transfer/frame_auth.h"
 #include "transfer/messages.h"
@@ -45,12 +46,10 @@ std::string endpoint_text(const tcp::endpoint& ep) {
 
 // "host:port" or "[v6]:port".
 Result<std::pair<std::string, std::string>> split_address(const std::string& address) {
-  size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
+  const std::optional<HostPort> hp = split_host_port(address);
+  if (!hp || hp->host.empty() || hp->port.empty())
     return invalid_argument(fmt::format("side-channel address '{}' is not host:port", address));
-  std::string host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return std::make_pair(host, address.substr(colon + 1));
+  return std::make_pair(unbracketed(hp->host), hp->port);
 }
 
 }  // namespace

@@ -41,8 +41,8 @@
 #include <memory>
 #include <string>
 
+#include "common/clock.h"
 #include "common/status.h"
-#include "transfer/deadline.h"
 #include "transfer/frame.h"
 
 namespace siesta::transfer {

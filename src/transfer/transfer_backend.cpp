@@ -9,15 +9,16 @@
 namespace siesta::transfer {
 
 Result<std::unique_ptr<TransferBackend>> make_transfer_backend(const TransferConfig& config, RegionTable& table) {
-  if (config.backend == "ipc") {
+  if (config.backend == BackendKind::kIpc) {
     SIESTA_ASSIGN_OR_RETURN(auto b, ipc::IpcBackend::create(config, table));
     return std::unique_ptr<TransferBackend>(std::move(b));
   }
-  if (config.backend == "ucx") {
+  if (config.backend == BackendKind::kUcx) {
     SIESTA_ASSIGN_OR_RETURN(auto b, ucx::UcxBackend::create(config, table));
     return std::unique_ptr<TransferBackend>(std::move(b));
   }
-  return invalid_argument(fmt::format("unknown transfer backend '{}'; known: ipc, ucx", config.backend));
+  return invalid_argument(
+      fmt::format("unknown transfer backend {}; known: ipc, ucx", static_cast<int>(config.backend)));
 }
 
 }  // namespace siesta::transfer

@@ -21,8 +21,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
-#include "transfer/deadline.h"
 #include "transfer/engine_meta.h"
 #include "transfer/region.h"
 #include "transfer/xfer.h"
@@ -90,8 +90,7 @@ class TransferBackend {
   virtual Result<std::shared_ptr<BackendPeer>> connect(const EngineMeta& meta, Deadline deadline) = 0;
 };
 
-// The backend config.backend names ("ipc" or "ucx"); an unknown name is
-// kInvalidArgument with the list of known ones.
+// The backend config.backend names.
 Result<std::unique_ptr<TransferBackend>> make_transfer_backend(const TransferConfig& config, RegionTable& table);
 
 }  // namespace siesta::transfer

@@ -6,16 +6,45 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
+#include "common/status.h"
 #include "transfer/side_channel.h"
 
 namespace siesta::transfer {
 
+// Which backend moves the bytes: "ipc" (same host: memfd / cuMem FDs over a
+// Unix socket) or "ucx".
+enum class BackendKind : uint8_t { kIpc, kUcx };
+
+// How the ipc backend copies pieces of CUDA memory (ipc/piece_copy.h).
+enum class IpcCopy : uint8_t {
+  kAuto,        // the kernel where both ends are on the copying device, copy engines elsewhere
+  kKernel,      // the kernel wherever the copying device addresses both ends (peer GPUs too)
+  kCopyEngine,  // cudaMemcpyAsync per piece, always
+};
+
+// Which regions the ucx backend moves through pinned host staging.
+enum class UcxStaging : uint8_t {
+  kAuto,    // CUDA regions when this UCX cannot register CUDA memory
+  kAlways,  // every region (host memory too: tests)
+  kNever,   // none: such CUDA regions are refused
+};
+
+// The names the configs and flags use ("ipc" / "ucx"; "auto" / "kernel" /
+// "copy_engine"; "auto" / "always" / "never"). A name not in the list is
+// kInvalidArgument naming it and the list.
+Result<BackendKind> parse_backend_kind(std::string_view text);
+const char* backend_kind_name(BackendKind kind);
+Result<IpcCopy> parse_ipc_copy(std::string_view text);
+const char* ipc_copy_name(IpcCopy copy);
+Result<UcxStaging> parse_ucx_staging(std::string_view text);
+const char* ucx_staging_name(UcxStaging staging);
+
 struct TransferConfig {
   // Unique among the engines that talk to each other (P/D: remote_engine_id).
   std::string engine_id;
-  // "ipc" (same host: memfd / cuMem FDs over a Unix socket) or "ucx".
-  std::string backend = "ipc";
+  BackendKind backend = BackendKind::kIpc;
   // Where the side channel listens (port 0: the OS picks; read address() back).
   SideChannelOptions side_channel;
   // Most regions registered at once (slots in the shared region table).
@@ -30,11 +59,11 @@ struct TransferConfig {
   // ipc: CUDA device whose context imports a peer's CUDA memory (and copies).
   int cuda_device = 0;
   // ipc: how pieces of CUDA memory are copied (src/transfer/ipc/piece_copy.h).
-  // "auto": one SM gather-kernel launch for the pieces whose both ends are on
+  // kAuto: one SM gather-kernel launch for the pieces whose both ends are on
   // cuda_device, cudaMemcpyAsync per piece for the rest (another GPU, host
-  // memory); "kernel": the kernel across GPUs with peer access too;
-  // "copy_engine": cudaMemcpyAsync per piece, always.
-  std::string ipc_copy = "auto";
+  // memory); kKernel: the kernel across GPUs with peer access too;
+  // kCopyEngine: cudaMemcpyAsync per piece, always.
+  IpcCopy ipc_copy = IpcCopy::kAuto;
   // ucx: UCX_TLS and UCX_NET_DEVICES for this engine's UCP context (empty:
   // UCX's own choice or the environment's).
   std::string ucx_transports;
@@ -51,13 +80,13 @@ struct TransferConfig {
   // and copy. false: one-sided puts and gets between two region-table checks
   // everywhere (the path of RDMA transports; how tests cover it without one).
   bool ucx_guarded = true;
-  // ucx: which regions move through pinned host staging. "auto": CUDA regions
-  // when the installed UCX cannot register CUDA memory; "always": every region
-  // (host memory too: how tests cover the path); "never": refuse such CUDA
+  // ucx: which regions move through pinned host staging. kAuto: CUDA regions
+  // when the installed UCX cannot register CUDA memory; kAlways: every region
+  // (host memory too: how tests cover the path); kNever: refuse such CUDA
   // regions. Staging memory is two pools (our transfers, peers' requests) of
   // ucx_staging_chunks chunks of ucx_staging_chunk_bytes each, made when the
   // first staged region is registered.
-  std::string ucx_staging = "auto";
+  UcxStaging ucx_staging = UcxStaging::kAuto;
   size_t ucx_staging_chunk_bytes = size_t{4} << 20;
   size_t ucx_staging_chunks = 8;
 };

@@ -173,7 +173,6 @@ void TransferEngine::Impl::shutdown() {
 
 const std::string& TransferEngine::engine_id() const { return impl_->config.engine_id; }
 const std::string& TransferEngine::address() const { return impl_->address; }
-std::string_view TransferEngine::backend_name() const { return impl_->backend->name(); }
 bool TransferEngine::supports_sleep() const { return impl_->backend->supports_sleep(); }
 
 // ---------------------------------------------------------------------------
@@ -688,13 +687,6 @@ TransferStats TransferEngine::stats() const {
   TransferStats s = impl_->stats;
   s.epoch = impl_->table->epoch().value;
   return s;
-}
-
-std::vector<MetaFetcher> TransferEngine::fetchers() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  std::vector<MetaFetcher> out;
-  for (const auto& [id, address] : impl_->fetchers) out.push_back({id, address});
-  return out;
 }
 
 // ---------------------------------------------------------------------------

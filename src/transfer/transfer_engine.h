@@ -38,8 +38,8 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
-#include "transfer/deadline.h"
 #include "transfer/engine_meta.h"
 #include "transfer/epoch.h"
 #include "transfer/messages.h"
@@ -86,7 +86,6 @@ class TransferEngine {
   const std::string& engine_id() const;
   // host:port of our side channel.
   const std::string& address() const;
-  std::string_view backend_name() const;
   bool supports_sleep() const;
 
   // --- regions (step 2 and 6) ---
@@ -152,7 +151,6 @@ class TransferEngine {
   // GET_META is answered kUnavailable: the regions are on their way out and
   // no new peer may import them.
   InvalidateReport invalidate_peers(Deadline deadline);
-  std::vector<MetaFetcher> fetchers() const;
 
   TransferStats stats() const;
 

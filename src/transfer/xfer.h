@@ -5,8 +5,8 @@
 #include <functional>
 #include <string>
 
+#include "common/clock.h"
 #include "common/status.h"
-#include "transfer/deadline.h"
 #include "transfer/region.h"
 
 namespace siesta::transfer {

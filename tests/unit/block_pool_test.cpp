@@ -152,15 +152,15 @@ TEST(BlockPool, HoldKeepsBlocksAfterTheRequestReleasesThem) {
   BlockPool pool(4);
   auto a = pool.allocate(2);
   ASSERT_TRUE(a);
-  ASSERT_TRUE(pool.hold("send:req-1", *a));
+  ASSERT_TRUE(pool.hold(send_hold_owner("req-1"), *a));
   pool.release(*a);  // the request finished
   EXPECT_EQ(pool.num_free_blocks(), 2);
   EXPECT_EQ(pool.stats().num_held_blocks, 2);
-  ASSERT_NE(pool.held_by("send:req-1"), nullptr);
-  EXPECT_EQ(*pool.held_by("send:req-1"), *a);
-  EXPECT_EQ(pool.hold_owners(), std::vector<std::string>{"send:req-1"});
+  ASSERT_NE(pool.held_by(send_hold_owner("req-1")), nullptr);
+  EXPECT_EQ(*pool.held_by(send_hold_owner("req-1")), *a);
+  EXPECT_EQ(pool.hold_owners(), std::vector<HoldKey>{send_hold_owner("req-1")});
 
-  auto again = pool.hold("send:req-1", *a);
+  auto again = pool.hold(send_hold_owner("req-1"), *a);
   ASSERT_FALSE(again);
   EXPECT_EQ(again.error().code, ErrorCode::kConflict);
 
@@ -168,20 +168,20 @@ TEST(BlockPool, HoldKeepsBlocksAfterTheRequestReleasesThem) {
   ASSERT_FALSE(reset);
   EXPECT_NE(reset.error().message.find("held for remote readers"), std::string::npos) << reset.error().message;
 
-  ASSERT_TRUE(pool.release_hold("send:req-1"));
+  ASSERT_TRUE(pool.release_hold(send_hold_owner("req-1")));
   EXPECT_EQ(pool.num_free_blocks(), 4);
   EXPECT_EQ(pool.stats().num_holds, 0);
-  EXPECT_EQ(pool.release_hold("send:req-1").error().code, ErrorCode::kNotFound);
+  EXPECT_EQ(pool.release_hold(send_hold_owner("req-1")).error().code, ErrorCode::kNotFound);
 }
 
 TEST(BlockPool, HoldingAFreeBlockIsRefused) {
   BlockPool pool(2);
   std::vector<BlockId> free_block{0};
-  auto r = pool.hold("x", free_block);
+  auto r = pool.hold(send_hold_owner("x"), free_block);
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument);
   std::vector<BlockId> bad{7};
-  EXPECT_FALSE(pool.hold("y", bad));
+  EXPECT_FALSE(pool.hold(send_hold_owner("y"), bad));
   EXPECT_EQ(pool.num_free_blocks(), 2);
   EXPECT_EQ(pool.stats().num_holds, 0);
 }

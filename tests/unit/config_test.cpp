@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "temp_dir.h"
+#include "test_data.h"
 #include <unistd.h>
 
 #include <fstream>
@@ -17,7 +18,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using ::testing::HasSubstr;
 
-const fs::path kSource = SIESTA_SOURCE_DIR;
+const fs::path kSource = siesta::testing::test_data_root();
 
 // Each test's scratch directory.
 class TempDir : public siesta::testing::TempDir {

@@ -25,11 +25,12 @@
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "model/cuda/qwen3_cuda.h"
+#include "test_data.h"
 
 namespace siesta {
 namespace {
 
-const std::filesystem::path kModelDir = std::filesystem::path(SIESTA_SOURCE_DIR) / "models/tiny-qwen3";
+const std::filesystem::path kModelDir = siesta::testing::tiny_model_dir();
 
 // Forwards to the CUDA model and counts how tokens were chosen.
 class CountingModel final : public Model {

@@ -14,6 +14,7 @@
 
 #include "engine/engine.h"
 #include "engine/random.h"
+#include "test_data.h"
 
 namespace siesta {
 namespace {
@@ -23,7 +24,7 @@ using Clock = std::chrono::steady_clock;
 using memory::Tag;
 using memory::TagSet;
 
-const std::filesystem::path kTiny = std::filesystem::path(SIESTA_SOURCE_DIR) / "models" / "tiny-qwen3";
+const std::filesystem::path kTiny = siesta::testing::tiny_model_dir();
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
 Deadline soon() { return Clock::now() + 120s; }

@@ -130,11 +130,11 @@ std::vector<int32_t> device_greedy(CudaQwen3& m, const std::vector<int32_t>& pro
   std::reverse(table.begin(), table.end());
   std::vector<int32_t> pending = prompt, out;
   int32_t pos = 0;
-  const std::vector<cuda::SamplingRow> rows(1);
+  const std::vector<TokenChoice> rows(1);
   for (int s = 0; s < steps; ++s) {
     SequenceChunk seq{pending, pos, table, false};
-    SampledTokens st;
-    auto r = m.forward_sample({&seq, 1}, KvCacheView{kv->data(), blocks, m.kv_layout()}, rows, st, margins != nullptr);
+    ChosenTokens st;
+    auto r = m.forward_choose({&seq, 1}, KvCacheView{kv->data(), blocks, m.kv_layout()}, rows, st, margins != nullptr);
     EXPECT_TRUE(r) << r.error().message;
     if (!r) break;
     if (margins) {

@@ -30,11 +30,12 @@
 #include "model/cuda/qwen3_cuda.h"
 #include "model/make_model.h"
 #include "model/safetensors.h"
+#include "test_data.h"
 
 namespace siesta {
 namespace {
 
-const std::filesystem::path kSource = SIESTA_SOURCE_DIR;
+const std::filesystem::path kSource = siesta::testing::test_data_root();
 const std::filesystem::path kModelDir = kSource / "models/tiny-qwen3";
 const std::filesystem::path kGolden = kSource / "tests/data/golden";
 
@@ -107,9 +108,9 @@ ForwardOutput step(CudaQwen3& m, DeviceCache& cache, std::vector<Gen*> seqs) {
     cache.grow(g->table, g->pos + g->pending.size());
     batch.push_back({g->pending, g->pos, g->table, false});
   }
-  std::vector<cuda::SamplingRow> rows(seqs.size());
-  SampledTokens st;
-  auto r = m.forward_sample(batch, cache.view(), rows, st, /*copy_logits=*/true);
+  std::vector<TokenChoice> rows(seqs.size());
+  ChosenTokens st;
+  auto r = m.forward_choose(batch, cache.view(), rows, st, /*copy_logits=*/true);
   EXPECT_TRUE(r) << r.error().message;
   for (size_t i = 0; i < seqs.size(); ++i) {
     seqs[i]->pos += static_cast<int32_t>(seqs[i]->pending.size());
@@ -239,7 +240,7 @@ TEST_F(CudaQwen3Test, DeviceSamplingEqualsTheEngineSamplerOnTheSameLogits) {
   std::vector<Gen> gens;
   for (int i = 0; i < 8; ++i) gens.push_back({prompts[i].ids});
   std::vector<SamplingParams> params(8);
-  std::vector<cuda::SamplingRow> rows(8);
+  std::vector<TokenChoice> rows(8);
   for (int i = 0; i < 8; ++i) {
     params[i].seed = 77 + i;
     params[i].temperature = 0.5 + 0.2 * i;
@@ -256,12 +257,12 @@ TEST_F(CudaQwen3Test, DeviceSamplingEqualsTheEngineSamplerOnTheSameLogits) {
       batch.push_back({g.pending, g.pos, g.table, false});
     }
     for (int i = 0; i < 8; ++i) rows[i].uniform = to_unit_interval(request_draw(*params[i].seed, s));
-    SampledTokens st;
-    ASSERT_TRUE(m->forward_sample(batch, cache.view(), rows, st, true));
+    ChosenTokens st;
+    ASSERT_TRUE(m->forward_choose(batch, cache.view(), rows, st, true));
     ASSERT_TRUE(st.has_logits);
     for (int i = 0; i < 8; ++i) {
       const int32_t host = sample(st.logits.last(i), params[i], s, unused);
-      if (st.tokens[i] != cuda::kSampleOnHostToken) {
+      if (st.tokens[i] != kChooseOnHost) {
         EXPECT_EQ(st.tokens[i], host) << "step " << s << " row " << i;
       }
       gens[i].pos += static_cast<int32_t>(gens[i].pending.size());
@@ -293,12 +294,12 @@ TEST_F(CudaQwen3Test, GraphReplaysGiveTheSameResultsAsEagerLaunches) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(g1[i].out, g2[i].out);
 }
 
-// CudaModelOptions::time_graphs adds two event nodes to each decode graph: the
+// InstrumentationOptions::time_graphs adds two event nodes to each decode graph: the
 // results must not move, and each replay's GPU time must be counted, positive
 // and below the host's time around the same call.
 TEST_F(CudaQwen3Test, GraphTimingChangesNoResultAndTimesEachReplay) {
   CudaModelOptions timed;
-  timed.time_graphs = true;
+  timed.instrumentation.time_graphs = true;
   auto with = load(timed);
   auto plain = load();
   ASSERT_TRUE(with && plain);
@@ -313,7 +314,7 @@ TEST_F(CudaQwen3Test, GraphTimingChangesNoResultAndTimesEachReplay) {
   for (int s = 0; s < 10; ++s) {
     // Step 0 is the prefill, step 1 captures the graph: replays from step 2 on.
     if (s == 2) {
-      EXPECT_EQ(with->graph_step_ms(), 0.0) << "no replay yet";
+      EXPECT_EQ(with->instrumentation().graph_step_ms(), 0.0) << "no replay yet";
     }
     const auto t0 = std::chrono::steady_clock::now();
     auto l1 = step(*with, c1, {&g1[0], &g1[1], &g1[2]});
@@ -322,12 +323,12 @@ TEST_F(CudaQwen3Test, GraphTimingChangesNoResultAndTimesEachReplay) {
     ASSERT_EQ(l1.logits, l2.logits) << "step " << s;
   }
   for (int i = 0; i < 3; ++i) EXPECT_EQ(g1[i].out, g2[i].out);
-  const double gpu_ms = with->graph_step_ms();
+  const double gpu_ms = with->instrumentation().graph_step_ms();
   EXPECT_GT(gpu_ms, 0.0);
   EXPECT_LT(gpu_ms, host_ms / 8) << "a replay's GPU time is part of its call's host time";
-  EXPECT_EQ(plain->graph_step_ms(), 0.0) << "not timed without the option";
-  with->reset_profile();
-  EXPECT_EQ(with->graph_step_ms(), 0.0);
+  EXPECT_EQ(plain->instrumentation().graph_step_ms(), 0.0) << "not timed without the option";
+  with->instrumentation().reset();
+  EXPECT_EQ(with->instrumentation().graph_step_ms(), 0.0);
 }
 
 // Overlapped launches (programmatic dependent launch) must wait for their

@@ -171,7 +171,7 @@ TEST(CudaStepPlan, ImageHoldsTheArraysAndSamplingRecords) {
   ASSERT_TRUE(plan);
   const StepLayout l = step_layout(*plan, true);
   const std::vector<int32_t> banned = {3, 4};
-  std::vector<SamplingRow> rows(2);
+  std::vector<TokenChoice> rows(2);
   rows[1].temperature = 0.7;
   rows[1].top_k = 5;
   rows[1].uniform = 0.25;

@@ -33,6 +33,7 @@
 #include <cuda_runtime.h>
 
 #include "model/cuda/qwen3_cuda.h"
+#include "test_data.h"
 #endif
 
 extern char** environ;
@@ -47,7 +48,7 @@ using memory::TagSet;
 using testing::TempDir;
 namespace fs = std::filesystem;
 
-const fs::path kTiny = fs::path(SIESTA_SOURCE_DIR) / "models" / "tiny-qwen3";
+const fs::path kTiny = siesta::testing::tiny_model_dir();
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
 Deadline soon() { return Clock::now() + 120s; }

@@ -14,6 +14,7 @@
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "model/cpu/qwen3_cpu.h"
+#include "test_data.h"
 
 namespace siesta {
 namespace {
@@ -22,7 +23,7 @@ class CpuEngine {
  public:
   CpuEngine(int num_blocks, SchedulerOptions o, ThreadPool& threads)
       : pool(num_blocks), sampler({}, RandomGenerator(1)) {
-    auto m = CpuQwen3::load(std::string(SIESTA_SOURCE_DIR) + "/models/tiny-qwen3", threads);
+    auto m = CpuQwen3::load(siesta::testing::tiny_model_dir().string(), threads);
     EXPECT_TRUE(m) << m.error().message;
     model = std::move(*m);
     kv_mem.assign(static_cast<size_t>(num_blocks) * model->kv_layout().block_elems(), 0.0f);

@@ -8,12 +8,13 @@
 #include "engine/engine.h"
 #include "engine/engine_model.h"
 #include "memory/cuda_backend.h"
+#include "test_data.h"
 
 namespace siesta {
 namespace {
 
 constexpr uint64_t kGiB = uint64_t{1} << 30;
-const std::filesystem::path kTiny = std::filesystem::path(SIESTA_SOURCE_DIR) / "models" / "tiny-qwen3";
+const std::filesystem::path kTiny = siesta::testing::tiny_model_dir();
 
 TEST(EngineDevice, ParsesCpuAndCudaOnly) {
   EXPECT_EQ(parse_device("cpu").value(), Device::kCpu);

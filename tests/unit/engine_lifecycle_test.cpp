@@ -24,6 +24,7 @@
 #include "engine/engine.h"
 #include "engine/random.h"
 #include "model/make_model.h"
+#include "test_data.h"
 
 namespace siesta {
 namespace {
@@ -34,7 +35,7 @@ using memory::Tag;
 using memory::TagSet;
 namespace fs = std::filesystem;
 
-const fs::path kTiny = fs::path(SIESTA_SOURCE_DIR) / "models" / "tiny-qwen3";
+const fs::path kTiny = siesta::testing::tiny_model_dir();
 
 Deadline soon() { return Clock::now() + 30s; }
 
@@ -642,7 +643,7 @@ class HoldingConnector final : public KvConnector {
   Result<KvReleaseReport> release_transfer_kv(KvReleaseScope, Deadline) override { return KvReleaseReport{}; }
 
   std::mutex mu;
-  std::vector<std::string> holds;
+  std::vector<HoldKey> holds;
   bool let_go = false;
 };
 

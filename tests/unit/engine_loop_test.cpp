@@ -11,6 +11,7 @@
 
 #include "engine/engine.h"
 #include "engine/random.h"
+#include "test_data.h"
 
 namespace siesta {
 namespace {
@@ -20,7 +21,7 @@ using Clock = std::chrono::steady_clock;
 
 EngineOptions options() {
   EngineOptions o;
-  o.model_dir = std::string(SIESTA_SOURCE_DIR) + "/models/tiny-qwen3";
+  o.model_dir = siesta::testing::tiny_model_dir().string();
   o.threads = 2;
   o.max_model_len = 256;
   o.num_kv_blocks = 64;

@@ -31,50 +31,52 @@ namespace siesta::transfer::ipc {
 namespace {
 
 TEST(TransferIpcCopyPath, ParsesItsThreeNamesAndRefusesOthers) {
-  for (CudaCopyPath p : {CudaCopyPath::kAuto, CudaCopyPath::kKernel, CudaCopyPath::kCopyEngine}) {
-    auto parsed = parse_cuda_copy_path(cuda_copy_path_name(p));
+  for (IpcCopy p : {IpcCopy::kAuto, IpcCopy::kKernel, IpcCopy::kCopyEngine}) {
+    auto parsed = parse_ipc_copy(ipc_copy_name(p));
     ASSERT_TRUE(parsed) << parsed.error().message;
     EXPECT_EQ(*parsed, p);
   }
-  auto bad = parse_cuda_copy_path("fast");
+  auto bad = parse_ipc_copy("fast");
   ASSERT_FALSE(bad);
   EXPECT_EQ(bad.error().code, ErrorCode::kInvalidArgument);
   EXPECT_NE(bad.error().message.find("auto, kernel or copy_engine"), std::string::npos) << bad.error().message;
 }
 
 TEST(TransferIpcCopyPath, TheKernelOnlyWhereTheCopyingDeviceReachesBothEnds) {
-  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kThisDevice, 1 << 20));
-  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kThisDevice, uint64_t{1} << 30));
+  EXPECT_TRUE(copies_with_kernel(IpcCopy::kAuto, PieceEnds::kThisDevice, 1 << 20));
+  EXPECT_TRUE(copies_with_kernel(IpcCopy::kAuto, PieceEnds::kThisDevice, uint64_t{1} << 30));
   // Across GPUs: the kernel for pieces of less than 8 MiB on average (1.75 MiB KV blocks), not above.
-  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kPeerDevice, uint64_t{7} << 18));
-  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kPeerDevice, kPeerKernelMaxAverage - 1));
-  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kPeerDevice, kPeerKernelMaxAverage));
-  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kPeerDevice, uint64_t{448} << 20));
-  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kElsewhere, 1 << 20));
-  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kAuto, PieceEnds::kElsewhere, 4096));
-  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kPeerDevice, uint64_t{448} << 20));
-  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kThisDevice, 1 << 20));
-  EXPECT_TRUE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kPeerDevice, 1 << 20));
-  EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kKernel, PieceEnds::kElsewhere, 1 << 20));
+  EXPECT_TRUE(copies_with_kernel(IpcCopy::kAuto, PieceEnds::kPeerDevice, uint64_t{7} << 18));
+  EXPECT_TRUE(copies_with_kernel(IpcCopy::kAuto, PieceEnds::kPeerDevice, kPeerKernelMaxAverage - 1));
+  EXPECT_FALSE(copies_with_kernel(IpcCopy::kAuto, PieceEnds::kPeerDevice, kPeerKernelMaxAverage));
+  EXPECT_FALSE(copies_with_kernel(IpcCopy::kAuto, PieceEnds::kPeerDevice, uint64_t{448} << 20));
+  EXPECT_FALSE(copies_with_kernel(IpcCopy::kAuto, PieceEnds::kElsewhere, 1 << 20));
+  EXPECT_FALSE(copies_with_kernel(IpcCopy::kAuto, PieceEnds::kElsewhere, 4096));
+  EXPECT_TRUE(copies_with_kernel(IpcCopy::kKernel, PieceEnds::kPeerDevice, uint64_t{448} << 20));
+  EXPECT_TRUE(copies_with_kernel(IpcCopy::kKernel, PieceEnds::kThisDevice, 1 << 20));
+  EXPECT_TRUE(copies_with_kernel(IpcCopy::kKernel, PieceEnds::kPeerDevice, 1 << 20));
+  EXPECT_FALSE(copies_with_kernel(IpcCopy::kKernel, PieceEnds::kElsewhere, 1 << 20));
   for (PieceEnds e : {PieceEnds::kThisDevice, PieceEnds::kPeerDevice, PieceEnds::kElsewhere})
-    EXPECT_FALSE(copies_with_kernel(CudaCopyPath::kCopyEngine, e, 1 << 20));
+    EXPECT_FALSE(copies_with_kernel(IpcCopy::kCopyEngine, e, 1 << 20));
 }
 
 TransferConfig engine_config(const std::string& id, const std::string& ipc_copy) {
   TransferConfig c;
   c.engine_id = id;
-  c.backend = "ipc";
+  c.backend = BackendKind::kIpc;
   c.side_channel.host = "127.0.0.1";
   c.side_channel.port = 0;
-  c.ipc_copy = ipc_copy;
+  c.ipc_copy = parse_ipc_copy(ipc_copy).value();
   return c;
 }
 
-TEST(TransferIpcCopyPath, AnEngineRefusesAnUnknownIpcCopy) {
-  auto engine = TransferEngine::create(engine_config("bad-ipc-copy", "sm"));
-  ASSERT_FALSE(engine);
-  EXPECT_EQ(engine.error().code, ErrorCode::kInvalidArgument);
-  EXPECT_NE(engine.error().message.find("ipc_copy"), std::string::npos) << engine.error().message;
+// An engine's ipc_copy is parsed from the config's text: an unknown name is refused there, naming it.
+TEST(TransferIpcCopyPath, AnUnknownIpcCopyIsRefused) {
+  auto copy = parse_ipc_copy("sm");
+  ASSERT_FALSE(copy);
+  EXPECT_EQ(copy.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(copy.error().message.find("ipc_copy"), std::string::npos) << copy.error().message;
+  EXPECT_NE(copy.error().message.find("'sm'"), std::string::npos) << copy.error().message;
 }
 
 #ifdef SIESTA_HAVE_CUDA

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "temp_dir.h"
+#include "test_data.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,7 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-const fs::path kSource = SIESTA_SOURCE_DIR;
+const fs::path kSource = siesta::testing::test_data_root();
 const fs::path kTiny = kSource / "models" / "tiny-qwen3";
 
 // Each test's scratch directory.
@@ -231,7 +232,8 @@ TEST(MakeModel, NamedShapes) {
 TEST(MakeModelCommand, WritesTinyAndRefusesToOverwrite) {
   TempDir tmp;
   const fs::path out = tmp.path() / "cli";
-  const std::string base = std::string(SIESTA_BINARY) + " make-model --shape tiny --seed 7 --out " + out.string();
+  const std::string base =
+      siesta::testing::siesta_binary().string() + " make-model --shape tiny --seed 7 --out " + out.string();
   ASSERT_EQ(std::system((base + " > " + (tmp.path() / "stdout").string() + " 2>&1").c_str()), 0)
       << read_file(tmp.path() / "stdout");
   MakeModelOptions o = tiny_options(tmp.path() / "lib", 7);

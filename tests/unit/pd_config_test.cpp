@@ -32,12 +32,12 @@ TEST(PdConfig, TheSmallestConfigGetsTheDefaults) {
   EXPECT_EQ(c->role, KvRole::kProducer);
   EXPECT_TRUE(c->produces());
   EXPECT_FALSE(c->consumes());
-  EXPECT_EQ(c->backend, "ucx");
+  EXPECT_EQ(c->transfer.backend, transfer::BackendKind::kUcx);
   EXPECT_EQ(c->mode, TransferMode::kWrite);
-  EXPECT_EQ(c->side_channel_host, "127.0.0.1");
-  EXPECT_EQ(c->side_channel_port, 0);  // a free port
-  EXPECT_TRUE(c->engine_id.empty());   // a random one
-  EXPECT_TRUE(c->ucx_guarded);
+  EXPECT_EQ(c->transfer.side_channel.host, "127.0.0.1");
+  EXPECT_EQ(c->transfer.side_channel.port, 0);  // a free port
+  EXPECT_TRUE(c->transfer.engine_id.empty());   // a random one
+  EXPECT_TRUE(c->transfer.ucx_guarded);
   EXPECT_GT(c->load_timeout, milliseconds(0));
   EXPECT_LE(c->transfer_timeout, c->load_timeout);
   EXPECT_LE(c->message_timeout, c->load_timeout);
@@ -56,20 +56,20 @@ TEST(PdConfig, EveryKeyIsRead) {
   EXPECT_EQ(c->role, KvRole::kConsumer);
   EXPECT_FALSE(c->produces());
   EXPECT_TRUE(c->consumes());
-  EXPECT_EQ(c->engine_id, "decode-0");
+  EXPECT_EQ(c->transfer.engine_id, "decode-0");
   EXPECT_EQ(c->mode, TransferMode::kRead);
-  EXPECT_EQ(c->side_channel_host, "10.0.0.7");
-  EXPECT_EQ(c->side_channel_port, 5600);
+  EXPECT_EQ(c->transfer.side_channel.host, "10.0.0.7");
+  EXPECT_EQ(c->transfer.side_channel.port, 5600);
   EXPECT_EQ(c->load_timeout, milliseconds(12500));
   EXPECT_EQ(c->hold_timeout, milliseconds(60000));
   EXPECT_EQ(c->transfer_timeout, milliseconds(2000));
   EXPECT_EQ(c->message_timeout, milliseconds(250));
   EXPECT_EQ(c->write_grace, milliseconds(1000));
   EXPECT_EQ(c->worker_threads, 3);
-  EXPECT_EQ(c->ucx_transports, "tcp");
-  EXPECT_EQ(c->ucx_net_devices, "lo");
-  EXPECT_FALSE(c->ucx_peer_error_handling);
-  EXPECT_FALSE(c->ucx_guarded);
+  EXPECT_EQ(c->transfer.ucx_transports, "tcp");
+  EXPECT_EQ(c->transfer.ucx_net_devices, "lo");
+  EXPECT_FALSE(c->transfer.ucx_peer_error_handling);
+  EXPECT_FALSE(c->transfer.ucx_guarded);
 }
 
 TEST(PdConfig, KvBothProducesAndConsumesAndIpcIsAccepted) {
@@ -78,12 +78,12 @@ TEST(PdConfig, KvBothProducesAndConsumesAndIpcIsAccepted) {
   ASSERT_TRUE(c) << c.error().message;
   EXPECT_TRUE(c->produces());
   EXPECT_TRUE(c->consumes());
-  EXPECT_EQ(c->backend, "ipc");
-  EXPECT_EQ(c->ipc_copy, "auto");
+  EXPECT_EQ(c->transfer.backend, transfer::BackendKind::kIpc);
+  EXPECT_EQ(c->transfer.ipc_copy, transfer::IpcCopy::kAuto);
   auto k = parse_kv_transfer_config(R"({"kv_connector": "SiestaConnector", "kv_role": "kv_both",
       "kv_connector_extra_config": {"backend": "ipc", "ipc_copy": "kernel"}})");
   ASSERT_TRUE(k) << k.error().message;
-  EXPECT_EQ(k->ipc_copy, "kernel");
+  EXPECT_EQ(k->transfer.ipc_copy, transfer::IpcCopy::kKernel);
 }
 
 TEST(PdConfig, UnknownKeysAreRefusedByName) {

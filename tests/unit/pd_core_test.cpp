@@ -68,7 +68,7 @@ class FakePort final : public KvPort {
   const std::string& address() const override { return address_; }
 
   Result<transfer::EngineMeta> peer(const std::string& engine_id, const std::string& address,
-                                    std::optional<uint64_t> epoch, transfer::Deadline) override {
+                                    std::optional<uint64_t> epoch, Deadline) override {
     if (!peer_error.empty()) return unavailable(peer_error);
     transfer::EngineMeta m;
     m.engine_id = engine_id;
@@ -81,13 +81,13 @@ class FakePort final : public KvPort {
     return m;
   }
   Result<XferId> submit(const std::string& peer, transfer::XferOp op, const std::vector<transfer::XferEntry>&,
-                        transfer::Deadline) override {
+                        Deadline) override {
     XferId id{next_++};
     xfers[id.value] = Xfer{transfer::XferState::kPending, true, false, peer, op, std::nullopt};
     return id;
   }
   Result<XferId> submit_notify_later(const std::string& peer, const std::vector<transfer::XferEntry>& e,
-                                     transfer::Deadline d) override {
+                                     Deadline d) override {
     return submit(peer, transfer::XferOp::kWrite, e, d);
   }
   Result<void> set_notification(XferId id, std::string payload) override {
@@ -106,7 +106,7 @@ class FakePort final : public KvPort {
     auto it = xfers.find(id.value);
     return it != xfers.end() && it->second.in_flight;
   }
-  Result<Reply> send(const std::string& address, std::string payload, transfer::Deadline) override {
+  Result<Reply> send(const std::string& address, std::string payload, Deadline) override {
     auto m = decode_message(payload);
     if (!m) return m.error();
     sent.push_back(Sent{address, *m});
@@ -116,7 +116,7 @@ class FakePort final : public KvPort {
     }
     return decode_reply(default_answer(*m));
   }
-  Result<PrefillSideChannel> resolve_prefill(const std::string&, transfer::Deadline) override {
+  Result<PrefillSideChannel> resolve_prefill(const std::string&, Deadline) override {
     return PrefillSideChannel{kProducerEngine, kProducerAddress};
   }
   void forget_prefill(const std::string&) override {}
@@ -345,7 +345,7 @@ TEST(PdConsumer, AWriteLoadEndedInAnyStateRecomputesTellsTheProducerAndGivesItsB
         u = c.collect();
       }
       if (held) {
-        EXPECT_EQ(u.releasable_holds, std::vector<std::string>{load_hold_owner("r1")});
+        EXPECT_EQ(u.releasable_holds, std::vector<HoldKey>{load_hold_owner("r1")});
       } else {
         EXPECT_TRUE(u.releasable_holds.empty());
       }
@@ -392,7 +392,7 @@ TEST(PdConsumer, AnEndingWriteLoadIsQuietWhenTheProducerSaysItIsNotWritingOrAtTh
     c.h.advance(std::chrono::milliseconds(4000));  // the write request's deadline
     EXPECT_TRUE(c.collect().releasable_holds.empty());
     c.h.advance(std::chrono::milliseconds(1000));  // ... plus write_grace
-    EXPECT_EQ(c.collect().releasable_holds, std::vector<std::string>{load_hold_owner("r1")});
+    EXPECT_EQ(c.collect().releasable_holds, std::vector<HoldKey>{load_hold_owner("r1")});
   }
   {
     // INVALIDATE acknowledged by the producer: it cannot write any more.
@@ -500,7 +500,7 @@ TEST(PdConsumer, AReadLoadEndedInAnyStateRecomputesAndItsBlocksWaitForOurRead) {
       }
       const bool held = our_read || (end == End::kAbort);
       if (held) {
-        EXPECT_EQ(u.releasable_holds, std::vector<std::string>{load_hold_owner("r1")});
+        EXPECT_EQ(u.releasable_holds, std::vector<HoldKey>{load_hold_owner("r1")});
       } else {
         EXPECT_TRUE(u.releasable_holds.empty());
       }
@@ -593,7 +593,7 @@ TEST(PdProducer, AWaitingSendSurvivesARelease_AbortOrCancelEndItAndNoBlocksStayH
     // The prefill ends afterwards: its answer names no blocks and the hold goes back at once.
     nlohmann::json params = c.prefilled();
     EXPECT_TRUE(params["remote_block_ids"].empty());
-    EXPECT_EQ(c.collect().releasable_holds, std::vector<std::string>{send_hold_owner("p-r1")});
+    EXPECT_EQ(c.collect().releasable_holds, std::vector<HoldKey>{send_hold_owner("p-r1")});
     c.h.tasks.run_all();
     EXPECT_TRUE(c.told().empty());  // it was the consumer's own cancel
   }
@@ -621,7 +621,7 @@ TEST(PdProducer, AReadySendEndedByReleaseExpiryOrCancelGivesItsBlocksBackAndRefu
       case End::kCancel: c.producer.on_cancel(CancelRequest{"x-p-r1", 0, ""}); break;
     }
     EXPECT_EQ(c.state(), SendState::kDone);
-    EXPECT_EQ(c.collect().releasable_holds, std::vector<std::string>{send_hold_owner("p-r1")});
+    EXPECT_EQ(c.collect().releasable_holds, std::vector<HoldKey>{send_hold_owner("p-r1")});
     EXPECT_FALSE(c.state());  // forgotten
     // A late write request about it is refused at once, with the reason.
     auto refused = decode_reply(c.ask_write());
@@ -649,7 +649,7 @@ TEST(PdProducer, AReleaseOfASendWithATargetTellsTheConsumerAtOnce) {
   ASSERT_EQ(c.told().size(), 1u);
   EXPECT_EQ(c.told()[0].consumer_request, "d-r1");
   EXPECT_NE(c.told()[0].reason.find("released"), std::string::npos) << c.told()[0].reason;
-  EXPECT_EQ(c.collect().releasable_holds, std::vector<std::string>{send_hold_owner("p-r1")});
+  EXPECT_EQ(c.collect().releasable_holds, std::vector<HoldKey>{send_hold_owner("p-r1")});
 }
 
 TEST(PdProducer, AWriteInFlightHoldsTheBlocksThroughReleaseAndCancelAndTheConsumerLearnsOnlyWhenItEnds) {
@@ -686,7 +686,7 @@ TEST(PdProducer, AWriteInFlightHoldsTheBlocksThroughReleaseAndCancelAndTheConsum
     EXPECT_EQ(c.producer.writes_in_flight(), 0u);
     c.h.tasks.run_all();
     EXPECT_EQ(c.told().size(), write_ok ? 0u : 1u);  // a landed write notified; a failed one says load_failed
-    EXPECT_EQ(c.collect().releasable_holds, std::vector<std::string>{send_hold_owner("p-r1")});
+    EXPECT_EQ(c.collect().releasable_holds, std::vector<HoldKey>{send_hold_owner("p-r1")});
   }
 }
 
@@ -699,7 +699,7 @@ TEST(PdProducer, ReadModeTheLeaseHoldsUntilReadDoneAndAReleaseMakesReadDoneSayIt
     ASSERT_TRUE(ok && ok->ok) << (ok ? ok->reason : ok.error().message);
     auto done = decode_reply(c.producer.on_read_done(ReadDone{"p-r1", 0}));
     EXPECT_TRUE(*reply_bool(*done, "held"));
-    EXPECT_EQ(c.collect().releasable_holds, std::vector<std::string>{send_hold_owner("p-r1")});
+    EXPECT_EQ(c.collect().releasable_holds, std::vector<HoldKey>{send_hold_owner("p-r1")});
   }
   {
     ProducerCase c(TransferMode::kRead);
@@ -707,7 +707,7 @@ TEST(PdProducer, ReadModeTheLeaseHoldsUntilReadDoneAndAReleaseMakesReadDoneSayIt
     ReadStart start{"p-r1", 0, {20, 21, 22}, PromptCheck{40, prompt_hash(c.r.prompt_tokens), "test-layout", 1024}};
     ASSERT_TRUE(decode_reply(c.producer.on_read_start(start))->ok);
     EXPECT_EQ(c.producer.end_all(), 1);  // sleep while the consumer reads
-    EXPECT_EQ(c.collect().releasable_holds, std::vector<std::string>{send_hold_owner("p-r1")});
+    EXPECT_EQ(c.collect().releasable_holds, std::vector<HoldKey>{send_hold_owner("p-r1")});
     auto done = decode_reply(c.producer.on_read_done(ReadDone{"p-r1", 0}));
     EXPECT_FALSE(*reply_bool(*done, "held"));  // the consumer discards what it read
     auto again = decode_reply(c.producer.on_read_start(start));

@@ -13,11 +13,12 @@
 #include "common/thread_pool.h"
 #include "model/cpu/qwen3_cpu.h"
 #include "model/safetensors.h"
+#include "test_data.h"
 
 namespace siesta {
 namespace {
 
-const std::filesystem::path kSource = SIESTA_SOURCE_DIR;
+const std::filesystem::path kSource = siesta::testing::test_data_root();
 const std::filesystem::path kModelDir = kSource / "models/tiny-qwen3";
 const std::filesystem::path kGolden = kSource / "tests/data/golden";
 

@@ -17,6 +17,7 @@
 
 #include "model/config.h"
 #include "model/make_model.h"
+#include "test_data.h"
 
 namespace siesta {
 namespace {
@@ -24,7 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-const fs::path kSource = SIESTA_SOURCE_DIR;
+const fs::path kSource = siesta::testing::test_data_root();
 
 // Each test's scratch directory.
 class TempDir : public siesta::testing::TempDir {

@@ -12,12 +12,13 @@
 
 #include "server/chat_template.h"
 #include "server/openai_request.h"
+#include "test_data.h"
 
 namespace siesta::server {
 namespace {
 
 namespace fs = std::filesystem;
-const fs::path kData = fs::path(SIESTA_SOURCE_DIR) / "tests" / "data" / "chat_template";
+const fs::path kData = siesta::testing::test_data_root() / "tests" / "data" / "chat_template";
 
 fs::path assets_dir() {
   const char* env = std::getenv("SIESTA_ASSETS");
@@ -82,7 +83,7 @@ TEST(ChatTemplate, TheBuiltInTemplateIsQwen3s) {
   ASSERT_NE(f, nullptr);
   EXPECT_EQ(builtin_qwen3_template(), f->qwen3.source());
   // A model directory without a template (the embedded test model) chats with it.
-  auto tiny = ChatTemplate::load(fs::path(SIESTA_SOURCE_DIR) / "models" / "tiny-qwen3");
+  auto tiny = ChatTemplate::load(siesta::testing::tiny_model_dir());
   ASSERT_TRUE(tiny) << tiny.error().message;
   EXPECT_EQ(tiny->source(), builtin_qwen3_template());
 }

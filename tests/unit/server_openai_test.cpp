@@ -5,12 +5,13 @@
 #include "server/openai_request.h"
 #include "server/openai_response.h"
 #include "server/prometheus_text.h"
+#include "test_data.h"
 
 namespace siesta::server {
 namespace {
 
 const Tokenizer& tokenizer() {
-  static Tokenizer tok = *Tokenizer::load(std::string(SIESTA_SOURCE_DIR) + "/models/tiny-qwen3");
+  static Tokenizer tok = *Tokenizer::load(siesta::testing::tiny_model_dir().string());
   return tok;
 }
 

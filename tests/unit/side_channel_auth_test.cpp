@@ -283,7 +283,7 @@ struct Memfd {
 TransferConfig engine_config(const std::string& id, const std::string& key) {
   TransferConfig c;
   c.engine_id = id;
-  c.backend = "ipc";
+  c.backend = BackendKind::kIpc;
   c.side_channel.auth_key = key;
   c.invalidate_drain_timeout = 1000ms;
   return c;

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "model/tokenizer_text.h"
+#include "test_data.h"
 
 namespace siesta {
 namespace {
@@ -23,7 +24,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using ::testing::HasSubstr;
 
-const fs::path kSource = SIESTA_SOURCE_DIR;
+const fs::path kSource = siesta::testing::test_data_root();
 
 fs::path assets_dir() {
   const char* env = std::getenv("SIESTA_ASSETS");

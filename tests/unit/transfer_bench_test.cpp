@@ -6,8 +6,8 @@
 #include <cstdlib>
 
 #include "common/log.h"
-#include "transfer/bench_memory.h"
-#include "transfer/transfer_bench.h"
+#include "bench/transfer/bench_memory.h"
+#include "bench/transfer/transfer_bench.h"
 
 namespace siesta::transfer {
 namespace {

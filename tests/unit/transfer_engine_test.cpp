@@ -84,12 +84,13 @@ const BackendCase* find_case(const std::string& name) {
 TransferConfig config_for(const BackendCase& c, const std::string& engine_id, bool peer = false) {
   TransferConfig cfg;
   cfg.engine_id = engine_id;
-  cfg.backend = c.backend;
+  cfg.backend = parse_backend_kind(c.backend).value();
   cfg.ucx_transports = c.transports;
   cfg.ucx_net_devices = c.devices;
   cfg.ucx_peer_error_handling = c.peer_error_handling;
   cfg.ucx_guarded = c.guarded;
-  cfg.ucx_staging = peer && c.peer_ucx_staging != nullptr ? c.peer_ucx_staging : c.ucx_staging;
+  cfg.ucx_staging =
+      parse_ucx_staging(peer && c.peer_ucx_staging != nullptr ? c.peer_ucx_staging : c.ucx_staging).value();
   cfg.ucx_staging_chunk_bytes = kStagingChunkBytes;
   cfg.ucx_staging_chunks = kStagingChunks;
   cfg.side_channel.host = "127.0.0.1";

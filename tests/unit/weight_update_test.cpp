@@ -22,6 +22,7 @@
 #include "model/make_model.h"
 #include "model/safetensors.h"
 #include "temp_dir.h"
+#include "test_data.h"
 
 namespace siesta {
 namespace {
@@ -33,7 +34,7 @@ using memory::TagSet;
 using testing::TempDir;
 namespace fs = std::filesystem;
 
-const fs::path kTiny = fs::path(SIESTA_SOURCE_DIR) / "models" / "tiny-qwen3";
+const fs::path kTiny = siesta::testing::tiny_model_dir();
 
 Deadline soon() { return Clock::now() + 60s; }
 

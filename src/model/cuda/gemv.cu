@@ -80,8 +80,7 @@ __device__ void stage_input(const GemvArgs& a, bf16* s_a, int stride) {
     // One row of at most 8 kThreads values (Qwen3-0.6B's hidden size is 1024):
     // a chunk per thread, held in registers from its one load to its store, so
     // that the norm does not read the row a second time, which L1 had not kept
-    // (0.6B shape, H200, two A/B calls: batch 1 0.561 -> 0.548 and 0.554 ->
-    // 0.546 ms per token). The same arithmetic.
+    // (timings: bench/results/cuda_choices.md). The same arithmetic.
     const int c = threadIdx.x;
     const uint4 raw = c < chunks ? reinterpret_cast<const uint4*>(a.input)[c] : make_uint4(0, 0, 0, 0);
     float ss[1] = {0.0f};
@@ -136,8 +135,8 @@ __device__ void stage_input(const GemvArgs& a, bf16* s_a, int stride) {
   } else if (kSilu && a.input_kind == GemvInput::kSiluMul && M == 1) {
     // One row (the down projection at batch 1, K = 3072 in Qwen3-0.6B): both
     // chunks of a thread are loaded before either is stored, one round trip to
-    // the cache instead of two (0.606 -> 0.595 ms per token on the H200). The
-    // same arithmetic per value as the loop below.
+    // the cache instead of two (timings: bench/results/cuda_choices.md). The same arithmetic per
+    // value as the loop below.
     for (int c0 = threadIdx.x; c0 < chunks; c0 += 2 * kThreads) {
       const int c1 = c0 + kThreads;
       const uint4* in = reinterpret_cast<const uint4*>(a.input);
@@ -189,8 +188,7 @@ __device__ void stage_input(const GemvArgs& a, bf16* s_a, int stride) {
 // is read from shared memory once per 8 weight rows, not once per row, and no
 // weight is converted to fp32: two MMAs per 16 weight bytes of each lane, where
 // fp32 FMAs with one weight row per warp took ~140 instructions at M = 8
-// (batch-8 decode of the 0.6B shape on the H200: 2.42 -> 1.29 ms per step; batch
-// 1: 0.71 -> 0.69 ms). The warps' partial sums meet in shared memory and are
+// (timings: bench/results/cuda_choices.md). The warps' partial sums meet in shared memory and are
 // added in warp order. A value depends on its row of A, its weight row, K and
 // whether T is 1 (one tile sums in two chains, below) only: not on M or the grid.
 // T follows from N alone, so a projection's values do not change with the batch.
@@ -241,19 +239,15 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
   unsigned long long* const trace = M == 1 ? a.trace : nullptr;
   // The first weight loads do not depend on the previous kernel: issue them
   // before waiting for it, so they overlap its tail (and the launch gap). The
-  // next kernel may start now as well. (The down projection let it start only
-  // after its own wait until the O and down projections at batch 1 took 96
-  // registers; then starting it here measured 0.575 -> 0.566 ms per token,
-  // 0.6B shape, H200, batches 2-8 within 0.007 ms.)
+  // next kernel may start now as well (with the O and down projections at
+  // batch 1 in 96 registers, earlier than after the wait: bench/results/cuda_choices.md).
   dev::allow_next_kernel();
   dev::trace_start(trace);
   uint4 w[T][kSteps];
-  // The weights leave L2 first (0.6B shape, H200, two A/B calls against
-  // __ldg's default policy: batch 1 0.562 -> 0.550 and 0.550 -> 0.546 ms per
-  // token). Keeping the LM head's first 25 or 40 MB in L2 across steps
-  // (evict_last) measured slower (0.561, 0.564), and so did prefetching the
-  // weights of the kernel one, two or three launches ahead into L2 with
-  // cp.async.bulk.prefetch (0.597, 0.573, 0.579 against 0.548 without).
+  // The weights leave L2 first: each pass reads them once, and L2 keeps what
+  // the kernels write and read back. Keeping the LM head in L2 across steps
+  // and prefetching the next kernels' weights measured slower
+  // (bench/results/cuda_choices.md).
   const uint64_t l2_policy = dev::l2_evict_first_policy();
   auto load_weights = [&](int s0) {
 #pragma unroll
@@ -295,8 +289,8 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
   for (;;) {
     // One weight tile (T = 1): the low and high halves of each 16-byte step in
     // two accumulators, added at the end, so that the MMAs form two dependent
-    // chains instead of one (batch-1 decode of the 0.6B shape on the H200, where
-    // the O and down projections take one tile: 0.604 -> 0.599 ms per token).
+    // chains instead of one (the O and down projections at batch 1 take one
+    // tile; timings: bench/results/cuda_choices.md).
     // More tiles are independent chains already (and their registers are spent).
     constexpr bool kTwoChains = T == 1;
     float acc[T][4], acc_hi[T][4];
@@ -409,8 +403,7 @@ cudaError_t launch_mt(const GemvArgs& a, const LaunchConfig& launch) {
   const int cols = a.output_kind == GemvOutput::kSiluMul ? a.N / 2 : a.N;
   const int grid = (cols + cols_per_cta - 1) / cols_per_cta;
   // More CTAs than one wave (the LM head): from 2 rows on, one wave of CTAs
-  // that loop (0.6B shape, H200: batch 8 0.99 -> 0.91 ms per step, batch 2
-  // 0.81 -> 0.79; at batch 1 it measured 0.690 -> 0.706, so not there).
+  // that loop; at batch 1 that measured slower (bench/results/cuda_choices.md).
   const int wave = kCtasPerSm * sm_count();
   if constexpr (T == 2 && M > 1) {
     if (grid > wave && (a.output_kind == GemvOutput::kLogits || a.output_kind == GemvOutput::kBf16) &&

@@ -7,7 +7,7 @@
 //   SIESTA_ASSIGN_OR_RETURN(cuda::DeviceBuffer kv, model->allocate_kv_cache(num_blocks));
 //   KvCacheView view{kv.data(), num_blocks, model->kv_layout()};   // bf16, elem_bytes 2
 //   model->forward(batch, view, out);                      // logits on the host (fp32 holding bf16 values)
-//   model->forward_sample(batch, view, rows, sampled);     // tokens chosen on the GPU
+//   model->forward_choose(batch, view, choices, chosen);   // tokens chosen on the GPU
 //
 // Weights and activations are bf16 with fp32 accumulation, rounded where
 // Hugging Face's bf16 model rounds (kernels.h) — the logits too: its LM head
@@ -53,6 +53,7 @@
 #include "common/status.h"
 #include "model/config.h"
 #include "model/cuda/device_allocator.h"
+#include "model/cuda/instrumentation.h"
 #include "model/cuda/step_plan.h"
 #include "model/forward.h"
 #include "model/weight_update.h"
@@ -72,77 +73,20 @@ struct CudaModelOptions {
   // Let each kernel start while its predecessor finishes (programmatic
   // dependent launch, sm_90; kernels.h: LaunchConfig). Same results either way.
   bool programmatic_launch = true;
-  // Query heads per prefill attention CTA (kernels.h); 0 = the default. For benchmarks.
-  int prefill_heads_per_cta = 0;
-  // Query rows per prefill attention warp (kernels.h): 32 (K/V fragments feed two MMAs; faster
-  // where the pass has CTAs to fill the GPU twice over) or 16 (twice the warps per CTA; faster for
-  // short prompts). 0: 32 in batch-invariant mode (one kernel for every pass, since the two
-  // differ by rounding at head_dim 128), else chosen per pass by its CTA count.
-  int prefill_warp_rows = 0;
-  // Prefill attention on Hopper's warpgroup MMA (kernels.h: launch_prefill_attention_wgmma)
-  // where the build and the shape allow it (sm_90a, head_dim 128), for every pass (in
-  // batch-invariant mode too: a row's result does not depend on its tile there either);
-  // false: the mma.sync kernel (prefill_warp_rows). The two differ by rounding. For benchmarks.
-  bool prefill_wgmma = true;
-  // Decode attention partition (kernels.h: 64, 128 or 256 tokens) for every pass; 0: 256 tokens
-  // (staged in shared memory, on tensor cores, for passes of up to 8 decode sequences).
-  int decode_partition_tokens = 0;
-  // Passes of up to this many tokens take the GEMV kernel (kernels.h: launch_gemv, at most
-  // kGemvMaxRows) for their projections instead of cuBLASLt; -1: kGemvMaxRows. Results differ
-  // between the two by rounding. For benchmarks.
-  int gemv_max_rows = -1;
-  // Time each kernel group with CUDA events between eager launches (no graphs);
-  // read with CudaQwen3::profile(). For finding where time goes, not for speed.
-  bool profile = false;
-  // Record the timeline of each decode GEMV and decode attention launch of
-  // the small-batch path (kernels.h: kTraceCtas), overwritten by every such
-  // pass; read with CudaQwen3::trace(). Graphs and programmatic launch stay on:
-  // this shows how the dependent kernels of a step overlap. A few stores per
-  // warp, and a memset of ~12 MB per pass (0.6B shape). Needs a build with the
-  // CMake option SIESTA_CUDA_TRACE (load fails otherwise), whose kernels carry
-  // the marks; in other builds they are not compiled.
-  bool trace = false;
-  // Capture each decode graph between two CUDA event nodes, and keep the mean
-  // time between them over forward_sample's graph replays (graph_step_ms):
-  // the GPU's part of a step, to set against the host's clock around the call
-  // (the rest is the metadata copy, the launch and the synchronisation). For
-  // benchmarks; the two nodes cost a little.
-  bool time_graphs = false;
+  // Kernel choices a benchmark compares and what it records (instrumentation.h);
+  // serving leaves them at their defaults.
+  cuda::InstrumentationOptions instrumentation;
 };
 
-// One launch of CudaQwen3::trace(): its kernel and layer, and its marks in ns
-// from the first launch's start (-1: not reached). marks[0] / [1] the first /
-// last CTA's start, [2] / [3] the first / last CTA past the wait for the
-// previous kernel, [4] to [kMarks - 2] the last warp at the kernel's own marks
-// 3 to kTraceEnd - 1 (kernels.h), [kMarks - 1] the last warp's end.
-struct KernelTrace {
-  std::string kernel;
-  int layer = -1;
-  static constexpr int kMarks = 8;  // 4 + cuda::kTraceMarks (kernels.h)
-  double marks[kMarks] = {};
-  // Per recorded CTA (the first cuda::kTraceCtas): its SM, its start, its
-  // passing the wait, then the last of its warps at each kernel mark (3 to
-  // the end); ns on the marks' clock, -1 where not reached.
-  struct Cta {
-    int sm = -1;
-    double ns[kMarks - 2] = {};  // start, wait, cuda::kTraceMarks marks
-  };
-  std::vector<Cta> ctas;
-};
-
-// forward_sample's result: one token per sequence of the batch. A row the
+// forward_choose's result: one token per sequence of the batch. A row the
 // device could not decide (top-p whose nucleus holds more than 1024 tokens)
-// is cuda::kSampleOnHostToken; then, or when asked, `logits` holds every
-// sequence's logits as forward() would give them, for the host sampler.
-struct SampledTokens {
+// is kChooseOnHost (model/forward.h); then, or when asked, `logits` holds
+// every sequence's logits as forward() would give them, for the host sampler.
+struct ChosenTokens {
   std::vector<int32_t> tokens;
   bool has_logits = false;
   ForwardOutput logits;
 };
-
-namespace cuda {
-inline constexpr int32_t kSampleOnHostToken = -1;
-}  // namespace cuda
 
 // True when a CUDA device is present and usable (tests skip without one).
 bool cuda_device_available();
@@ -168,12 +112,12 @@ class CudaQwen3 final : public Model {
   Result<void> forward(std::span<const SequenceChunk> batch, const KvCacheView& kv, ForwardOutput& out) override;
 
   // Like forward, but each sequence's next token is chosen on the GPU from its
-  // last row of logits, as `rows[i]` says (one per sequence; all_logits is
-  // ignored), and only the tokens come back to the host.
-  Result<void> forward_sample(std::span<const SequenceChunk> batch, const KvCacheView& kv,
-                              std::span<const cuda::SamplingRow> rows, SampledTokens& out,
-                              bool copy_logits = false);
-  // The Model interface's name for forward_sample (what the engine calls).
+  // last row of logits, as `choices[i]` says (one per sequence; all_logits is
+  // ignored), and only the tokens come back to the host (with every row's
+  // logits too when copy_logits).
+  Result<void> forward_choose(std::span<const SequenceChunk> batch, const KvCacheView& kv,
+                              std::span<const TokenChoice> choices, ChosenTokens& out, bool copy_logits = false);
+  // The Model interface's form of the same call (what the engine calls).
   bool chooses_tokens() const override { return true; }
   Result<void> forward_choose(std::span<const SequenceChunk> batch, const KvCacheView& kv,
                               std::span<const TokenChoice> choices, std::vector<int32_t>& tokens,
@@ -198,16 +142,10 @@ class CudaQwen3 final : public Model {
   Result<std::unique_ptr<PreparedWeightUpdate>> prepare_weight_update(const WeightUpdate& update);
 
   const CudaModelOptions& options() const;
-  // With options.profile: milliseconds per kernel group since the last reset,
-  // in order of first appearance ("qkv", "attention_decode", "lm_head", ...).
-  std::vector<std::pair<std::string, double>> profile() const;
-  void reset_profile();
-  // With options.time_graphs: the mean milliseconds from a decode graph's
-  // first node to its last over the forward_sample replays since
-  // reset_profile(); 0 before any.
-  double graph_step_ms() const;
-  // With options.trace: the last small-batch pass's launches, in order.
-  std::vector<KernelTrace> trace() const;
+  // What options.instrumentation asked to record: kernel-group times, decode
+  // graph times, kernel timelines (instrumentation.h). For benchmarks.
+  cuda::Instrumentation& instrumentation();
+  const cuda::Instrumentation& instrumentation() const;
   size_t num_graphs() const;  // decode graphs captured so far
   size_t weight_bytes() const;
   size_t scratch_bytes() const;

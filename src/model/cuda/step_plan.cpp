@@ -176,7 +176,7 @@ StepLayout step_layout(const StepPlan& plan, bool sampling) {
 }
 
 Result<std::vector<std::byte>> pack_step(const StepPlan& plan, const StepLayout& layout,
-                                         std::span<const SamplingRow> sampling) {
+                                         std::span<const TokenChoice> sampling) {
   const size_t R = plan.logits_rows.size();
   if (!sampling.empty() && sampling.size() > R)
     return invalid_argument("pack_step: " + std::to_string(sampling.size()) + " sampling rows for " +
@@ -200,7 +200,7 @@ Result<std::vector<std::byte>> pack_step(const StepPlan& plan, const StepLayout&
     for (size_t r = 0; r < R; ++r) {
       SamplingRecord rec;  // padding rows: greedy
       if (r < sampling.size()) {
-        const SamplingRow& s = sampling[r];
+        const TokenChoice& s = sampling[r];
         if (s.banned.size() > static_cast<size_t>(kMaxBannedIdsPerRow))
           return invalid_argument("pack_step: " + std::to_string(s.banned.size()) +
                                   " banned token ids in one row; the device sampler takes at most " +

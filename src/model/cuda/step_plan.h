@@ -85,7 +85,7 @@ struct StepPlan {
 // The image's sizes still depend only on the number of sequences and tokens.
 Result<StepPlan> plan_pass(std::span<const PassChunk> chunks, int pad_to_seqs, const StepShape& shape);
 
-// The metadata image: sections of int32 (and SamplingRow records), each
+// The metadata image: sections of int32 (and SamplingRecord records), each
 // 16-byte aligned, at offsets that depend only on the section sizes.
 struct StepLayout {
   size_t tokens = 0, positions = 0, slots = 0;
@@ -122,12 +122,10 @@ inline constexpr int kMaxBannedIdsPerRow = 32;  // == kMaxBannedPerRow
 
 StepLayout step_layout(const StepPlan& plan, bool sampling);
 
-// One row's sampling settings for pack_step: the Model interface's TokenChoice.
-using SamplingRow = TokenChoice;
 static_assert(kMaxChoiceBannedTokens == kMaxBannedIdsPerRow);
 
 // Builds the image. sampling: empty, or one per logits row (padding rows get greedy).
 Result<std::vector<std::byte>> pack_step(const StepPlan& plan, const StepLayout& layout,
-                                         std::span<const SamplingRow> sampling);
+                                         std::span<const TokenChoice> sampling);
 
 }  // namespace siesta::cuda

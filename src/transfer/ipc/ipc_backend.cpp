@@ -53,10 +53,8 @@ IpcBackend::IpcBackend(const TransferConfig& config, RegionTable& table)
       cuda_device_(config.cuda_device) {}
 
 Result<std::unique_ptr<IpcBackend>> IpcBackend::create(const TransferConfig& config, RegionTable& table) {
-  auto path = parse_cuda_copy_path(config.ipc_copy);
-  if (!path) return path.error().with_context("transfer config");
   std::unique_ptr<IpcBackend> b(new IpcBackend(config, table));
-  b->cuda_copy_path_ = *path;
+  b->cuda_copy_path_ = config.ipc_copy;
   std::random_device rd;
   b->socket_name_ = fmt::format("siesta-ipc-{}-{}-{:08x}", getpid(), config.engine_id.substr(0, 40), rd());
   SIESTA_ASSIGN_OR_RETURN(b->listen_fd_, listen_abstract(b->socket_name_));
@@ -138,7 +136,7 @@ void IpcBackend::log_cuda_copy_once(size_t by_kernel, size_t by_copy_engine) {
   if (cuda_copy_logged_.exchange(true)) return;
   SIESTA_LOG_INFO("ipc: CUDA copies on device {}, ipc_copy {}: {}. First transfer: {} pieces by the kernel, {} by "
                   "cudaMemcpyAsync",
-                  cuda_device_, cuda_copy_path_name(cuda_copy_path_), cuda_copy_path_rule(cuda_copy_path_),
+                  cuda_device_, ipc_copy_name(cuda_copy_path_), ipc_copy_rule(cuda_copy_path_),
                   by_kernel, by_copy_engine);
 }
 

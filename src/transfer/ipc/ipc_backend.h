@@ -57,7 +57,7 @@ class IpcBackend final : public TransferBackend {
 
   // How CUDA pieces are copied (TransferConfig::ipc_copy) by the copying
   // device (TransferConfig::cuda_device).
-  CudaCopyPath cuda_copy_path() const { return cuda_copy_path_; }
+  IpcCopy cuda_copy_path() const { return cuda_copy_path_; }
   // The CUDA device of a region registered here; -1 for host memory or a
   // region that is no longer registered.
   int local_cuda_device(RegionId id);
@@ -82,7 +82,7 @@ class IpcBackend final : public TransferBackend {
   std::string socket_name_;
   ProcessIdentity identity_;
   int cuda_device_ = 0;
-  CudaCopyPath cuda_copy_path_ = CudaCopyPath::kAuto;
+  IpcCopy cuda_copy_path_ = IpcCopy::kAuto;
   std::atomic<bool> cuda_copy_logged_{false};
   int listen_fd_ = -1;
   int stop_fd_ = -1;  // eventfd that wakes serve() for shutdown

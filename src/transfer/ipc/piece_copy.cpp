@@ -17,47 +17,28 @@
 
 namespace siesta::transfer::ipc {
 
-Result<CudaCopyPath> parse_cuda_copy_path(std::string_view text) {
-  if (text == "auto") return CudaCopyPath::kAuto;
-  if (text == "kernel") return CudaCopyPath::kKernel;
-  if (text == "copy_engine") return CudaCopyPath::kCopyEngine;
-  return invalid_argument(fmt::format("ipc_copy must be auto, kernel or copy_engine, not '{}'", text));
-}
-
-const char* cuda_copy_path_name(CudaCopyPath path) {
+const char* ipc_copy_rule(IpcCopy path) {
   switch (path) {
-    case CudaCopyPath::kAuto:
-      return "auto";
-    case CudaCopyPath::kKernel:
-      return "kernel";
-    case CudaCopyPath::kCopyEngine:
-      return "copy_engine";
-  }
-  return "?";
-}
-
-const char* cuda_copy_path_rule(CudaCopyPath path) {
-  switch (path) {
-    case CudaCopyPath::kAuto:
+    case IpcCopy::kAuto:
       return "one SM gather-kernel launch for the pieces whose both ends are on the copying GPU, and for those "
              "on a peer GPU it addresses where they average less than 8 MiB; one cudaMemcpyAsync per piece for "
              "the others (larger pieces across GPUs, host memory)";
-    case CudaCopyPath::kKernel:
+    case IpcCopy::kKernel:
       return "one SM gather-kernel launch for the pieces whose both ends the copying GPU addresses (its own "
              "memory, or another GPU's through peer access), one cudaMemcpyAsync per piece for the others";
-    case CudaCopyPath::kCopyEngine:
+    case IpcCopy::kCopyEngine:
       return "one cudaMemcpyAsync per piece (copy engines)";
   }
   return "?";
 }
 
-bool copies_with_kernel(CudaCopyPath path, PieceEnds ends, uint64_t peer_average) {
+bool copies_with_kernel(IpcCopy path, PieceEnds ends, uint64_t peer_average) {
   switch (path) {
-    case CudaCopyPath::kAuto:
+    case IpcCopy::kAuto:
       return ends == PieceEnds::kThisDevice || (ends == PieceEnds::kPeerDevice && peer_average < kPeerKernelMaxAverage);
-    case CudaCopyPath::kKernel:
+    case IpcCopy::kKernel:
       return ends != PieceEnds::kElsewhere;
-    case CudaCopyPath::kCopyEngine:
+    case IpcCopy::kCopyEngine:
       return false;
   }
   return false;

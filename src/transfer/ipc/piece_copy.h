@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "transfer/transfer_config.h"
 
 namespace siesta::transfer::ipc {
 
@@ -27,18 +28,8 @@ struct CopyPiece {
   size_t bytes = 0;
 };
 
-// TransferConfig::ipc_copy.
-enum class CudaCopyPath : uint8_t {
-  kAuto,        // the kernel where both ends are on the copying device, copy engines elsewhere
-  kKernel,      // the kernel wherever the copying device addresses both ends (peer GPUs too)
-  kCopyEngine,  // cudaMemcpyAsync per piece, always
-};
-
-// "auto" | "kernel" | "copy_engine"; anything else is kInvalidArgument.
-Result<CudaCopyPath> parse_cuda_copy_path(std::string_view text);
-const char* cuda_copy_path_name(CudaCopyPath path);
 // One line for the log: what `path` does with which pieces.
-const char* cuda_copy_path_rule(CudaCopyPath path);
+const char* ipc_copy_rule(IpcCopy path);
 
 // Where a piece's two ends are, as the copying device sees them.
 enum class PieceEnds : uint8_t {
@@ -56,7 +47,7 @@ enum class PieceEnds : uint8_t {
 // transfer whose blocks merge into large pieces no faster. Over PCIe SM
 // loads from a peer are known to trail the copy engines; `copy_engine` keeps
 // them there.
-bool copies_with_kernel(CudaCopyPath path, PieceEnds ends, uint64_t peer_average);
+bool copies_with_kernel(IpcCopy path, PieceEnds ends, uint64_t peer_average);
 inline constexpr uint64_t kPeerKernelMaxAverage = uint64_t{8} << 20;
 
 // Copies `by_kernel` with one gather-kernel launch on `device` (after its piece

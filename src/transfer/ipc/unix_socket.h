@@ -8,8 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
-#include "transfer/deadline.h"
 
 namespace siesta::transfer::ipc {
 

@@ -38,8 +38,8 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
-#include "transfer/deadline.h"
 #include "transfer/region.h"
 #include "transfer/ucx/staged_messages.h"
 

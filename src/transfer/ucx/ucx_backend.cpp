@@ -29,13 +29,6 @@ constexpr auto kRemoveWait = std::chrono::seconds(5);
 
 }  // namespace
 
-Result<StagingMode> parse_staging_mode(const std::string& text) {
-  if (text.empty() || text == "auto") return StagingMode::kAuto;
-  if (text == "always") return StagingMode::kAlways;
-  if (text == "never") return StagingMode::kNever;
-  return invalid_argument(fmt::format("ucx_staging '{}' is not one of auto, always, never", text));
-}
-
 std::string encode_region_blob(const RegionBlob& blob) {
   WireWriter w;
   if (blob.staged) {
@@ -65,7 +58,7 @@ Result<RegionBlob> decode_region_blob(std::string_view bytes) {
 
 Result<std::unique_ptr<UcxBackend>> UcxBackend::create(const TransferConfig& config, RegionTable& table) {
   std::unique_ptr<UcxBackend> b(new UcxBackend(table));
-  SIESTA_ASSIGN_OR_RETURN(b->staging_, parse_staging_mode(config.ucx_staging));
+  b->staging_ = config.ucx_staging;
   if (config.ucx_staging_chunk_bytes == 0 || config.ucx_staging_chunks == 0)
     return invalid_argument("ucx staging needs chunks of at least one byte, and at least one chunk");
   b->chunk_bytes_ = config.ucx_staging_chunk_bytes;
@@ -128,16 +121,16 @@ void UcxBackend::drop_orphan(UcxXfer* xfer) {
 
 bool UcxBackend::stages(MemoryKind kind) const {
   switch (staging_) {
-    case StagingMode::kAlways: return true;
-    case StagingMode::kNever: return false;
-    case StagingMode::kAuto: return kind == MemoryKind::kCuda && !worker_->supports_cuda();
+    case UcxStaging::kAlways: return true;
+    case UcxStaging::kNever: return false;
+    case UcxStaging::kAuto: return kind == MemoryKind::kCuda && !worker_->supports_cuda();
   }
   return false;
 }
 
 Result<std::string> UcxBackend::register_region(const LocalRegion& region) {
   const RegionSpec& s = region.spec;
-  if (s.kind == MemoryKind::kCuda && !worker_->supports_cuda() && staging_ == StagingMode::kNever)
+  if (s.kind == MemoryKind::kCuda && !worker_->supports_cuda() && staging_ == UcxStaging::kNever)
     return unavailable("this UCX has no CUDA memory support (`ucx_info -d` lists no cuda transport) and ucx_staging "
                        "is \"never\"; set it to \"auto\" to move CUDA memory through pinned host staging, use the "
                        "ipc backend for GPUs on one host, or a UCX built with CUDA");

@@ -44,6 +44,7 @@
 
 #include "transfer/process_identity.h"
 #include "transfer/transfer_backend.h"
+#include "transfer/transfer_config.h"
 #include "transfer/ucx/ucx_worker.h"
 
 namespace siesta::transfer {
@@ -60,14 +61,6 @@ class UcxPeer;
 struct GuardedMessage;
 struct StagedPiece;
 struct UcxXfer;
-
-// When regions go through host staging (TransferConfig::ucx_staging).
-enum class StagingMode {
-  kAuto,    // CUDA regions when this UCX cannot register CUDA memory
-  kAlways,  // every region (host memory too: tests)
-  kNever,   // none: such CUDA regions are refused
-};
-Result<StagingMode> parse_staging_mode(const std::string& text);
 
 // What a region's RegionDesc::backend_blob says: its packed rkey, or that it
 // is staged (peers reach it through its owner's progress thread) and the
@@ -142,7 +135,7 @@ class UcxBackend final : public TransferBackend {
   ucp_mem_h table_memh_ = nullptr;
   std::string engine_blob_;
 
-  StagingMode staging_ = StagingMode::kAuto;
+  UcxStaging staging_ = UcxStaging::kAuto;
   bool sends_guarded_ = true;
   size_t chunk_bytes_ = 0;
   size_t chunk_count_ = 0;

@@ -28,8 +28,8 @@
 #include <string>
 #include <thread>
 
+#include "common/clock.h"
 #include "common/status.h"
-#include "transfer/deadline.h"
 
 namespace siesta::transfer::ucx {
 

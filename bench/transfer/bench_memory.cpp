@@ -1,4 +1,4 @@
-#include "transfer/bench_memory.h"
+#include "bench/transfer/bench_memory.h"
 
 #include <fmt/format.h>
 #include <sys/mman.h>

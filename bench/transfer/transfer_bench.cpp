@@ -1,4 +1,4 @@
-#include "transfer/transfer_bench.h"
+#include "bench/transfer/transfer_bench.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -18,11 +18,11 @@
 #include <sstream>
 #include <thread>
 
+#include "bench/transfer/bench_memory.h"
+#include "bench/transfer/ucx_put_probe.h"
 #include "common/log.h"
-#include "transfer/bench_memory.h"
 #include "transfer/ipc/piece_copy.h"
 #include "transfer/transfer_engine.h"
-#include "transfer/ucx/ucx_put_probe.h"
 
 extern char** environ;
 
@@ -37,14 +37,15 @@ constexpr auto kStartWait = std::chrono::seconds(120);
 constexpr auto kStepWait = std::chrono::seconds(120);
 constexpr size_t kRounds = 10;
 
-TransferConfig engine_config(const TransferBenchOptions& o, const std::string& id) {
+// The options' names (--backend, --ucx-staging) as the transfer engine's settings.
+Result<TransferConfig> engine_config(const TransferBenchOptions& o, const std::string& id) {
   TransferConfig c;
   c.engine_id = id;
-  c.backend = o.backend;
+  SIESTA_ASSIGN_OR_RETURN(c.backend, parse_backend_kind(o.backend));
   c.ucx_transports = o.ucx_transports;
   c.ucx_net_devices = o.ucx_net_devices;
   c.ucx_peer_error_handling = o.ucx_peer_error_handling;
-  c.ucx_staging = o.ucx_staging;
+  SIESTA_ASSIGN_OR_RETURN(c.ucx_staging, parse_ucx_staging(o.ucx_staging));
   c.cuda_device = o.cuda_device;
   return c;
 }
@@ -184,7 +185,7 @@ std::string limit_description(const TransferBenchOptions& o) {
 // gather kernel and the copy engines.
 Result<std::vector<std::string>> ipc_copy_paths(const TransferBenchOptions& o) {
   if (o.ipc_copy != "both") {
-    SIESTA_TRY(ipc::parse_cuda_copy_path(o.ipc_copy));
+    SIESTA_TRY(parse_ipc_copy(o.ipc_copy));
     return std::vector<std::string>{o.ipc_copy};
   }
   if (o.backend != "ipc" || o.memory != MemoryKind::kCuda)
@@ -238,7 +239,9 @@ int serve_transfer_bench_peer() {
   };
   if (!parsed) return fail(parsed.error());
   const TransferBenchOptions& o = parsed->first;
-  auto engine = TransferEngine::create(engine_config(o, fmt::format("bench-target-{}", getpid())));
+  auto config = engine_config(o, fmt::format("bench-target-{}", getpid()));
+  if (!config) return fail(config.error());
+  auto engine = TransferEngine::create(*config);
   if (!engine) return fail(engine.error());
   auto memory = BenchMemory::create(o.memory, parsed->second, o.cuda_device);
   if (!memory) return fail(memory.error());
@@ -310,9 +313,9 @@ Result<TransferBenchReport> run_transfer_bench(const TransferBenchOptions& o) {
   for (size_t k = 0; k < paths.size(); ++k) {
     Initiator& in = initiators[k];
     in.ipc_copy = paths[k];
-    TransferConfig config = engine_config(o, fmt::format("bench-initiator-{}{}", getpid(),
-                                                         paths.size() > 1 ? "-" + paths[k] : ""));
-    config.ipc_copy = paths[k];
+    const std::string id = fmt::format("bench-initiator-{}{}", getpid(), paths.size() > 1 ? "-" + paths[k] : "");
+    SIESTA_ASSIGN_OR_RETURN(TransferConfig config, engine_config(o, id));
+    SIESTA_ASSIGN_OR_RETURN(config.ipc_copy, parse_ipc_copy(paths[k]));
     SIESTA_ASSIGN_OR_RETURN(in.engine, TransferEngine::create(config));
     SIESTA_ASSIGN_OR_RETURN(in.local_id, in.engine->register_region(local->spec()));
     SIESTA_ASSIGN_OR_RETURN(in.peer_id, in.engine->connect(peer->address, Clock::now() + kStartWait));

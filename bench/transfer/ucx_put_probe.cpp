@@ -1,4 +1,4 @@
-#include "transfer/ucx/ucx_put_probe.h"
+#include "bench/transfer/ucx_put_probe.h"
 
 #include <fmt/format.h>
 

@@ -11,8 +11,8 @@
 #include <memory>
 #include <string>
 
+#include "common/clock.h"
 #include "common/status.h"
-#include "transfer/deadline.h"
 #include "transfer/ucx/ucx_worker.h"
 
 namespace siesta::transfer::ucx {

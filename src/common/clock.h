@@ -1,12 +1,12 @@
-// Deadlines: every wait in the transfer engine ends at a point on the steady
-// clock, never "forever". Callers pass a Deadline; helpers build one from a
-// duration.
+// The steady clock every wait and duration in siesta reads, and deadlines on
+// it: every wait ends at a point on that clock, never "forever". Callers pass
+// a Deadline; helpers build one from a duration.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 
-namespace siesta::transfer {
+namespace siesta {
 
 using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
@@ -22,4 +22,9 @@ inline int millis_left(Deadline d) {
   return left > 1'000'000'000 ? 1'000'000'000 : static_cast<int>(left);
 }
 
-}  // namespace siesta::transfer
+// Seconds from `start` to now.
+inline double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace siesta
