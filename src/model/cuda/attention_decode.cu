@@ -50,7 +50,7 @@ constexpr size_t kWideStageBytes = 2 * kP * (kHeadDim + dev::kKvRowPad) * sizeof
 constexpr int kWideWarps = 16;
 // The wide instances' warps for a partition of kP tokens: 16 tokens a warp
 // (256-token partitions: kWideWarps; 128-token ones: 8). 128-token partitions
-// (CudaModelOptions::decode_partition_tokens) staged on 8 warps, a context of
+// (InstrumentationOptions::decode_partition_tokens) staged on 8 warps, a context of
 // 129-256 tokens as a cluster of two CTAs per kv head, measured as fast as the
 // default's one 256-token CTA at batch 1 (0.555 and 0.554 against 0.557 and
 // 0.553 ms per token, 0.6B shape, H200) and slower at 2-8 (batch 8 0.788

@@ -35,7 +35,7 @@ struct LaunchConfig {
   bool overlap;
 };
 
-// A launch's timeline (CudaModelOptions::trace), %globaltimer readings in ns
+// A launch's timeline (InstrumentationOptions::trace), %globaltimer readings in ns
 // stored without atomics (so that recording does not serialise the CTAs):
 // kTraceCtaWords words for each of the first kTraceCtas CTAs. Word 0: the CTA's
 // start, 1: it passed griddepcontrol.wait, 2: its SM's id + 1; then for each of kTraceMarks per-warp
@@ -55,7 +55,7 @@ inline constexpr int kTraceCtaWords = 8 + 8 * kTraceMarks;
 inline constexpr int kKvBlockSize = 16;
 // Decode attention splits a sequence's context into partitions of this many
 // tokens (then reduces them in partition order): this default, or what
-// CudaModelOptions::decode_partition_tokens fixes. Compiled: 64, 128, 256.
+// InstrumentationOptions::decode_partition_tokens fixes. Compiled: 64, 128, 256.
 inline constexpr int kDecodePartitionTokens = 256;
 bool decode_partition_supported(int tokens);
 // Whether AttentionArgs::staged_partitions fits this device's shared memory per
@@ -167,7 +167,7 @@ struct AttentionArgs {
   // Query rows per prefill warp (prefill_warp_rows_supported): 32, two m16 tiles sharing each K/V
   // fragment; or 16, one tile and twice the warps per CTA (faster for passes of few CTAs). Each
   // keeps a row's result independent of its batch and chunking; at head_dim 128 the two differ
-  // by rounding. The model chooses per pass (CudaModelOptions::prefill_warp_rows).
+  // by rounding. The model chooses per pass (InstrumentationOptions::prefill_warp_rows).
   int prefill_warp_rows = 32;
   // Decode: optional timeline (kTraceCtas x kTraceCtaWords), recorded with
   // staged partitions; marks: 3 q/k norm done, 4 the partition's output, 5
