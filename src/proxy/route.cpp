@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "common/log.h"
 #include "common/http_server.h"
 #include "common/json_depth.h"
@@ -89,7 +91,74 @@ struct DecodeStream {
   }
 };
 
+struct Acquired {
+  std::optional<Pick> pick;
+  double waited_s = 0;  // for a wake
+  int status = 503;     // when no pick
+  std::string_view code;
+  std::string message;
+};
+
+// An instance of `set` that can serve, waking one when every instance up is
+// asleep and the proxy wakes on demand.
+Acquired acquire(const RouteContext& ctx, InstanceSet& set, std::optional<uint64_t> affinity,
+                 const Interrupt& interrupt) {
+  Acquired a;
+  const ProxyConfig& cfg = *ctx.config;
+  std::optional<Clock::time_point> started;
+  for (;;) {
+    if ((a.pick = set.pick(affinity))) {
+      if (started) {
+        a.waited_s = std::chrono::duration<double>(Clock::now() - *started).count();
+        ctx.metrics->record_wake_wait(set.role(), a.waited_s);
+      }
+      return a;
+    }
+    if (!cfg.wake_on_demand || !set.can_wake()) {
+      a.code = error_code::kNoInstanceUp;
+      a.message = set.describe_none_up();
+      return a;
+    }
+    const Clock::time_point now = Clock::now();
+    if (!started) started = now;
+    if (now - *started >= cfg.wake_timeout) {
+      ctx.metrics->count_wake_timeout(set.role());
+      a.code = error_code::kWakeTimeout;
+      a.message = fmt::format("no {} instance woke up within --wake-timeout-s ({:.1f} s): {}", role_name(set.role()),
+                              std::chrono::duration<double>(cfg.wake_timeout).count(), set.describe_none_up());
+      return a;
+    }
+    if (std::optional<Status> stop = interrupt()) {
+      a.status = 0;  // the caller's watch answers
+      return a;
+    }
+    ctx.sleep->wake_one(set);
+    set.wait_for_change(std::min(now + std::chrono::milliseconds(50), *started + cfg.wake_timeout));
+  }
+}
+
+uint64_t fnv1a64(std::string_view text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
 }  // namespace
+
+std::optional<uint64_t> prefix_affinity(const json& body, size_t chars) {
+  if (chars == 0) return std::nullopt;
+  std::string text;
+  if (auto p = body.find("prompt"); p != body.end()) {
+    text = p->is_string() ? p->get<std::string>() : p->dump();
+  } else if (auto m = body.find("messages"); m != body.end()) {
+    text = m->dump();
+  }
+  if (text.size() < chars) return std::nullopt;
+  return fnv1a64(std::string_view(text).substr(0, chars));
+}
 
 void reply_error(httplib::Response& res, int status, std::string_view code, const std::string& message,
                  const std::string& param) {
@@ -118,35 +187,8 @@ void serve_generate(const RouteContext& ctx, Endpoint endpoint, const httplib::R
   const std::string request_id = ctx.ids->choose(req.get_header_value("X-Request-Id"));
   res.set_header("X-Request-Id", request_id);
 
-  // 2. The instances.
-  const std::optional<Pick> p = ctx.prefill->pick();
-  if (!p) return reply_error(res, 503, error_code::kNoInstanceUp, ctx.prefill->describe_none_up());
-  const std::optional<Pick> d = ctx.decode->pick();
-  if (!d) return reply_error(res, 503, error_code::kNoInstanceUp, ctx.decode->describe_none_up());
-
-  std::vector<std::pair<std::string, std::string>> headers = {{"X-Request-Id", request_id}};
-  if (!cfg.api_key.empty()) headers.emplace_back("Authorization", "Bearer " + cfg.api_key);
-  const std::string path = endpoint_path(endpoint);
-  const bool sequential = cfg.mode == ProxyMode::kSequential;
-  const LegLimits prefill_limits{cfg.connect_timeout, cfg.timeout, cfg.timeout};
-  // In concurrent mode decode hears nothing before prefill answered: it may
-  // wait for prefill's deadline, then for its own.
-  const LegLimits decode_limits{cfg.connect_timeout, cfg.timeout, std::nullopt,
-                                sequential ? std::chrono::milliseconds(0) : cfg.timeout};
   const Watch watch{ctx.stopping};
   const Interrupt interrupt = watch.interrupt();
-
-  // 3. The legs.
-  std::unique_ptr<Leg> prefill_leg = Leg::start(
-      p->url, {"POST", path, prefill_request_body(body, endpoint).dump(), "application/json", headers}, prefill_limits);
-  std::unique_ptr<Leg> decode_leg;
-  if (!sequential) {
-    decode_leg = Leg::start(d->url,
-                            {"POST", path, decode_request_body_concurrent(body, request_id, p->url.text).dump(),
-                             "application/json", headers},
-                            decode_limits);
-  }
-
   // Ends a request that lost its client or its proxy; true when it did.
   auto ended_by_watch = [&]() {
     if (watch.client_gone->load()) {
@@ -161,6 +203,46 @@ void serve_generate(const RouteContext& ctx, Endpoint endpoint, const httplib::R
     }
     return false;
   };
+
+  // 2. The instances.
+  Acquired p_got = acquire(ctx, *ctx.prefill, prefix_affinity(body, cfg.prefix_affinity_chars), interrupt);
+  if (!p_got.pick) {
+    if (p_got.status == 0 && ended_by_watch()) return;
+    return reply_error(res, 503, p_got.code.empty() ? error_code::kNoInstanceUp : p_got.code, p_got.message);
+  }
+  const std::optional<Pick> p = std::move(p_got.pick);
+  res.set_header("x-siesta-prefill", p->url.text);
+  Acquired d_got = acquire(ctx, *ctx.decode, std::nullopt, interrupt);
+  if (!d_got.pick) {
+    if (d_got.status == 0 && ended_by_watch()) return;
+    return reply_error(res, 503, d_got.code.empty() ? error_code::kNoInstanceUp : d_got.code, d_got.message);
+  }
+  const std::optional<Pick> d = std::move(d_got.pick);
+  res.set_header("x-siesta-decode", d->url.text);
+  const double waited_s = p_got.waited_s + d_got.waited_s;
+  if (waited_s > 0) res.set_header("x-siesta-wake-wait-ms", std::to_string(static_cast<int64_t>(waited_s * 1000)));
+
+  std::vector<std::pair<std::string, std::string>> headers = {{"X-Request-Id", request_id}};
+  if (!cfg.api_key.empty()) headers.emplace_back("Authorization", "Bearer " + cfg.api_key);
+  const std::string path = endpoint_path(endpoint);
+  const bool sequential = cfg.mode == ProxyMode::kSequential;
+  const LegLimits prefill_limits{cfg.connect_timeout, cfg.timeout, cfg.timeout};
+  // In concurrent mode decode hears nothing before prefill answered: it may
+  // wait for prefill's deadline, then for its own.
+  const LegLimits decode_limits{cfg.connect_timeout, cfg.timeout, std::nullopt,
+                                sequential ? std::chrono::milliseconds(0) : cfg.timeout};
+
+  // 3. The legs.
+  std::unique_ptr<Leg> prefill_leg = Leg::start(
+      p->url, {"POST", path, prefill_request_body(body, endpoint).dump(), "application/json", headers}, prefill_limits);
+  std::unique_ptr<Leg> decode_leg;
+  if (!sequential) {
+    decode_leg = Leg::start(d->url,
+                            {"POST", path, decode_request_body_concurrent(body, request_id, p->url.text).dump(),
+                             "application/json", headers},
+                            decode_limits);
+  }
+
   auto decode_failed = [&](const Status& why) {
     ctx.decode->record_failure(d->index, why.message);
     ctx.metrics->count_decode_failure();
