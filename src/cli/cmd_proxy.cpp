@@ -3,7 +3,7 @@
 //              [--connect-timeout-s S] [--health-interval-s S] [--health-timeout-s S] [--max-connections N]
 //              [--allow-unauthenticated-admin] [--metrics-require-key] [HTTP limits: cli/http_flags.h]
 //              [--wake-on-demand] [--wake-timeout-s S] [--park-idle-after S]
-//              [--prefix-affinity-chars N] [--affinity-slack N]
+//              [--prefix-affinity-chars N] [--affinity-slack N] [--retries N]
 //
 // The P/D router (src/proxy/README.md). Prints "siesta proxy: listening on
 // http://H:N" on stdout once it accepts connections, runs until SIGINT or
@@ -41,6 +41,7 @@ struct ProxyOptions {
   double park_idle_after_s = 0;  // 0: never
   size_t prefix_affinity_chars = 256;
   uint64_t affinity_slack = 2;
+  int retries = 1;
   HttpFlags http;
 };
 
@@ -79,6 +80,7 @@ Result<proxy::ProxyConfig> make_config(const ProxyOptions& opt) {
   }
   config.prefix_affinity_chars = opt.prefix_affinity_chars;
   config.affinity_slack = opt.affinity_slack;
+  config.retries = opt.retries;
   SIESTA_ASSIGN_OR_RETURN(config.http, opt.http.options());
   SIESTA_TRY(proxy::validate_proxy_config(config));
   return config;
@@ -169,6 +171,10 @@ void add_proxy_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--affinity-slack", opt->affinity_slack,
                   "Requests in flight by which the prefix's prefill instance may exceed the least loaded one")
+      ->capture_default_str();
+  cmd->add_option("--retries", opt->retries,
+                  "Tries more, on other instances, for a request that failed before anything reached its client "
+                  "(the instance is marked down)")
       ->capture_default_str();
   opt->http.add_to(*cmd);
   cmd->callback([opt] {

@@ -31,6 +31,7 @@ Result<void> validate_proxy_config(const ProxyConfig& config) {
   if (config.max_connections == 0) return invalid_argument("--max-connections: must be positive");
   if (config.metrics_require_key && config.api_key.empty())
     return invalid_argument("--metrics-require-key: needs --api-key (the key /metrics would require)");
+  if (config.retries < 0 || config.retries > 8) return invalid_argument("--retries: expected 0-8");
   if (config.wake_timeout.count() <= 0) return invalid_argument("--wake-timeout-s: must be positive");
   if (config.park_idle_after && config.park_idle_after->count() <= 0)
     return invalid_argument("--park-idle-after: must be positive");

@@ -54,6 +54,9 @@ struct ProxyConfig {
   // while its load is within affinity_slack requests of the least loaded one.
   // 0: by load only.
   size_t prefix_affinity_chars = 256;
+  // Tries more on other instances for a request whose try failed before
+  // anything reached its client, at an instance now marked down (route.h).
+  int retries = 1;
   uint64_t affinity_slack = 2;
   size_t max_connections = 128;                      // client requests served at once (one thread each)
   // How client requests are read: limits, deadlines, connection limits

@@ -34,6 +34,9 @@ std::string ProxyMetrics::render(const InstanceSet& prefill, const InstanceSet& 
   out += fmt::format("siesta_proxy_client_disconnects_total {}\n", load(client_disconnects_));
   family("siesta_proxy_admin_calls_total", "counter", "Admin calls forwarded to instances.");
   out += fmt::format("siesta_proxy_admin_calls_total {}\n", load(admin_calls_));
+  family("siesta_proxy_retries_total", "counter",
+         "Requests tried again on other instances after a failure before anything reached the client.");
+  out += fmt::format("siesta_proxy_retries_total {}\n", load(retries_));
 
   const auto p = prefill.snapshot();
   const auto d = decode.snapshot();

@@ -166,28 +166,16 @@ void reply_error(httplib::Response& res, int status, std::string_view code, cons
   res.set_content(openai_error_body(status, code, message, param), "application/json");
 }
 
-void serve_generate(const RouteContext& ctx, Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
-  ctx.metrics->count_request(endpoint);
+namespace {
+
+// One try of a request through one prefill and one decode instance. Returns
+// true when it failed before anything reached the client, at an instance
+// that is now marked down (a broken connection, no answer in time, HTTP 5xx,
+// bad kv_transfer_params): another pair may serve it. `res` holds the answer
+// either way.
+bool route_once(const RouteContext& ctx, Endpoint endpoint, const json& body, bool stream,
+                const std::string& request_id, const Watch& watch, httplib::Response& res) {
   const ProxyConfig& cfg = *ctx.config;
-
-  // 1. The client's body.
-  // The intake refused bodies nested deeper than the configured depth; this holds where it did not.
-  Result<json> parsed = parse_json(req.body, kMaxJsonDepthLimit);
-  if (!parsed && parsed.error().code == ErrorCode::kInvalidArgument)
-    return reply_error(res, 400, error_code::kJsonTooDeep, "the request body: " + parsed.error().message);
-  if (!parsed || !parsed->is_object())
-    return reply_error(res, 400, error_code::kInvalidJson, "the request body is not a JSON object");
-  const json body = std::move(*parsed);
-  bool stream = false;
-  if (auto it = body.find("stream"); it != body.end() && !it->is_null()) {
-    if (!it->is_boolean())
-      return reply_error(res, 400, error_code::kInvalidValue, "\"stream\" must be true or false", "stream");
-    stream = it->get<bool>();
-  }
-  const std::string request_id = ctx.ids->choose(req.get_header_value("X-Request-Id"));
-  res.set_header("X-Request-Id", request_id);
-
-  const Watch watch{ctx.stopping};
   const Interrupt interrupt = watch.interrupt();
   // Ends a request that lost its client or its proxy; true when it did.
   auto ended_by_watch = [&]() {
@@ -207,15 +195,17 @@ void serve_generate(const RouteContext& ctx, Endpoint endpoint, const httplib::R
   // 2. The instances.
   Acquired p_got = acquire(ctx, *ctx.prefill, prefix_affinity(body, cfg.prefix_affinity_chars), interrupt);
   if (!p_got.pick) {
-    if (p_got.status == 0 && ended_by_watch()) return;
-    return reply_error(res, 503, p_got.code.empty() ? error_code::kNoInstanceUp : p_got.code, p_got.message);
+    if (p_got.status == 0 && ended_by_watch()) return false;
+    reply_error(res, 503, p_got.code.empty() ? error_code::kNoInstanceUp : p_got.code, p_got.message);
+    return false;
   }
   const std::optional<Pick> p = std::move(p_got.pick);
   res.set_header("x-siesta-prefill", p->url.text);
   Acquired d_got = acquire(ctx, *ctx.decode, std::nullopt, interrupt);
   if (!d_got.pick) {
-    if (d_got.status == 0 && ended_by_watch()) return;
-    return reply_error(res, 503, d_got.code.empty() ? error_code::kNoInstanceUp : d_got.code, d_got.message);
+    if (d_got.status == 0 && ended_by_watch()) return false;
+    reply_error(res, 503, d_got.code.empty() ? error_code::kNoInstanceUp : d_got.code, d_got.message);
+    return false;
   }
   const std::optional<Pick> d = std::move(d_got.pick);
   res.set_header("x-siesta-decode", d->url.text);
@@ -248,6 +238,7 @@ void serve_generate(const RouteContext& ctx, Endpoint endpoint, const httplib::R
     ctx.metrics->count_decode_failure();
     SIESTA_LOG_WARN("proxy: request {}: decode instance {} failed: {}", request_id, d->url.text, why.message);
     reply_error(res, 502, error_code::kDecodeFailed, "decode instance " + d->url.text + " failed: " + why.message);
+    return true;
   };
   auto prefill_failed = [&](const std::string& why) {
     if (decode_leg) decode_leg->cancel();
@@ -255,6 +246,7 @@ void serve_generate(const RouteContext& ctx, Endpoint endpoint, const httplib::R
     ctx.metrics->count_prefill_failure();
     SIESTA_LOG_WARN("proxy: request {}: prefill instance {} failed: {}", request_id, p->url.text, why);
     reply_error(res, 502, error_code::kPrefillFailed, "prefill instance " + p->url.text + " failed: " + why);
+    return true;
   };
 
   // 4. Prefill's answer; in concurrent mode a decode leg that fails first ends the wait.
@@ -271,7 +263,7 @@ void serve_generate(const RouteContext& ctx, Endpoint endpoint, const httplib::R
     const bool decode_failed_first = decode_leg && decode_leg->failed();
     prefill_leg->cancel();
     if (decode_leg) decode_leg->cancel();
-    if (ended_by_watch()) return;
+    if (ended_by_watch()) return false;
     if (decode_failed_first) {
       Result<LegHead> why = decode_leg->wait_head(nullptr);
       return decode_failed(why ? unavailable("the decode leg failed") : why.error());
@@ -286,7 +278,7 @@ void serve_generate(const RouteContext& ctx, Endpoint endpoint, const httplib::R
     ctx.metrics->count_prefill_failure();
     res.status = p_head->status;
     res.set_content(*p_body, json_or(p_head->content_type));
-    return;
+    return false;
   }
   if (p_head->status != 200)
     return prefill_failed("answered HTTP " + std::to_string(p_head->status) + ": " + excerpt(*p_body));
@@ -296,9 +288,10 @@ void serve_generate(const RouteContext& ctx, Endpoint endpoint, const httplib::R
     if (decode_leg) decode_leg->cancel();
     ctx.metrics->count_prefill_failure();
     SIESTA_LOG_INFO("proxy: request {}: prefill instance {} aborted it", request_id, p->url.text);
-    return reply_error(res, 503, error_code::kPrefillAborted,
-                       "prefill instance " + p->url.text + " aborted the request (it was paused or put to sleep with "
-                       "mode=abort); send it again");
+    reply_error(res, 503, error_code::kPrefillAborted,
+                "prefill instance " + p->url.text + " aborted the request (it was paused or put to sleep with "
+                "mode=abort); send it again");
+    return false;
   }
   Result<json> params = prefill_kv_transfer_params(*p_body, sequential);
   if (!params) return prefill_failed(params.error().message);
@@ -317,23 +310,24 @@ void serve_generate(const RouteContext& ctx, Endpoint endpoint, const httplib::R
   Result<LegHead> d_head = decode_leg->wait_head(interrupt);
   if (!d_head) {
     decode_leg->cancel();
-    if (ended_by_watch()) return;
+    if (ended_by_watch()) return false;
     return decode_failed(d_head.error());
   }
   if (!stream || d_head->status != 200) {
     Result<std::string> d_body = decode_leg->wait_body(interrupt);
     if (!d_body) {
       decode_leg->cancel();
-      if (ended_by_watch()) return;
+      if (ended_by_watch()) return false;
       return decode_failed(d_body.error());
-    }
-    if (d_head->status >= 500 && d_head->status != 503) {
-      ctx.decode->record_failure(d->index, "answered HTTP " + std::to_string(d_head->status));
-      ctx.metrics->count_decode_failure();
     }
     res.status = d_head->status;
     res.set_content(*d_body, json_or(d_head->content_type));
-    return;
+    if (d_head->status >= 500 && d_head->status != 503) {
+      ctx.decode->record_failure(d->index, "answered HTTP " + std::to_string(d_head->status));
+      ctx.metrics->count_decode_failure();
+      return true;
+    }
+    return false;
   }
   auto decode_stream = std::make_shared<DecodeStream>(DecodeStream{ctx, *d, watch, std::move(decode_leg)});
   // Exactly text/event-stream: httplib never compresses that type, so chunks
@@ -344,6 +338,48 @@ void serve_generate(const RouteContext& ctx, Endpoint endpoint, const httplib::R
       [decode_stream](bool success) {
         if (!success) decode_stream->leg->cancel();
       });
+  return false;
+}
+
+}  // namespace
+
+void serve_generate(const RouteContext& ctx, Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
+  ctx.metrics->count_request(endpoint);
+
+  // 1. The client's body.
+  // The intake refused bodies nested deeper than the configured depth; this holds where it did not.
+  Result<json> parsed = parse_json(req.body, kMaxJsonDepthLimit);
+  if (!parsed && parsed.error().code == ErrorCode::kInvalidArgument)
+    return reply_error(res, 400, error_code::kJsonTooDeep, "the request body: " + parsed.error().message);
+  if (!parsed || !parsed->is_object())
+    return reply_error(res, 400, error_code::kInvalidJson, "the request body is not a JSON object");
+  const json body = std::move(*parsed);
+  bool stream = false;
+  if (auto it = body.find("stream"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean())
+      return reply_error(res, 400, error_code::kInvalidValue, "\"stream\" must be true or false", "stream");
+    stream = it->get<bool>();
+  }
+  const std::string request_id = ctx.ids->choose(req.get_header_value("X-Request-Id"));
+  res.set_header("X-Request-Id", request_id);
+
+  // Steps 2-6, once more on other instances when the first try failed before
+  // anything reached the client at an instance now marked down. The retry
+  // names the request between the engines by a fresh id: the failed pair
+  // may still hold state under the first.
+  const Watch watch{ctx.stopping};
+  std::string leg_id = request_id;
+  for (int attempt = 0;; ++attempt) {
+    const bool retry = route_once(ctx, endpoint, body, stream, leg_id, watch, res);
+    if (!retry || attempt >= ctx.config->retries) return;
+    SIESTA_LOG_INFO("proxy: request {}: trying again on other instances ({})", request_id, res.body.substr(0, 200));
+    ctx.metrics->count_retry();
+    res.status = -1;
+    res.headers.clear();
+    res.body.clear();
+    res.set_header("X-Request-Id", request_id);
+    leg_id = ctx.ids->next();
+  }
 }
 
 }  // namespace siesta::proxy
