@@ -103,7 +103,7 @@ void SleepController::run_park(InstanceSet* set, size_t index) {
                   url.text, std::chrono::duration<double>(*options_.park_idle_after).count());
   const LegLimits limits{options_.connect_timeout, options_.call_timeout, options_.call_timeout};
   std::unique_ptr<Leg> leg =
-      Leg::start(url, {"POST", "/sleep?level=1", "", "application/json", options_.headers}, limits);
+      Leg::start(url, {"POST", "/sleep?level=1&mode=wait", "", "application/json", options_.headers}, limits);
   Result<LegHead> head = leg->wait_head(interrupt());
   Result<std::string> body = head ? leg->wait_body(interrupt()) : Result<std::string>(head.error());
   const bool ok = head && body && head->status == 200;
