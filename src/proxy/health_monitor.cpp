@@ -20,6 +20,7 @@ void HealthMonitor::check_all() {
   };
   std::vector<Check> checks;
   const LegLimits limits{options_.timeout, options_.timeout, options_.timeout};
+  const auto asked_at = std::chrono::steady_clock::now();
   for (InstanceSet* set : sets_) {
     for (size_t i = 0; i < set->size(); ++i) {
       LegRequest health{"GET", "/health", "", "application/json", options_.headers};
@@ -43,7 +44,7 @@ void HealthMonitor::check_all() {
     } else if (head->status != 200) {
       check.set->record_health(check.index, false, "GET /health answered HTTP " + std::to_string(head->status));
     } else {
-      check.set->record_health(check.index, true, "", report);
+      check.set->record_health(check.index, true, "", report, asked_at);
     }
   }
 }

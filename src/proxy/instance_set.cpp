@@ -163,7 +163,8 @@ void InstanceSet::release(size_t index) {
 }
 
 void InstanceSet::record_health(size_t index, bool ok, const std::string& why,
-                                const std::optional<EngineReport>& report) {
+                                const std::optional<EngineReport>& report,
+                                std::chrono::steady_clock::time_point asked_at) {
   {
     std::lock_guard lock(mu_);
     State& s = states_.at(index);
@@ -176,9 +177,9 @@ void InstanceSet::record_health(size_t index, bool ok, const std::string& why,
       Condition c = report->state.empty()
                         ? (report->asleep.value_or(false) ? Condition::kAsleep : Condition::kServing)
                         : condition_of_engine_state(report->state);
-      // Our own wake or park call is out: its answer, not a report from
-      // before it, says how it ended.
-      if (s.condition != Condition::kWaking && !s.parking) s.condition = c;
+      // Our own wake or park call is out, or ended after this report was
+      // asked for: its answer, not the report, says what the engine is.
+      if (s.condition != Condition::kWaking && !s.parking && asked_at >= s.lifecycle_at) s.condition = c;
     } else if (ok && s.condition != Condition::kWaking && !s.parking) {
       s.condition = Condition::kServing;
     }
@@ -199,6 +200,9 @@ void InstanceSet::record_failure(size_t index, const std::string& why) {
 
 std::optional<size_t> InstanceSet::wake_candidate() {
   std::lock_guard lock(mu_);
+  // One wake at a time: the requests wait for it; another starts only if it fails.
+  for (const State& s : states_)
+    if (s.condition == Condition::kWaking) return std::nullopt;
   for (size_t i = 0; i < states_.size(); ++i) {
     State& s = states_[i];
     if (s.up && s.condition == Condition::kAsleep && !s.parking) {
@@ -221,6 +225,7 @@ void InstanceSet::wake_done(size_t index, bool ok, const std::string& why) {
   {
     std::lock_guard lock(mu_);
     State& s = states_.at(index);
+    s.lifecycle_at = std::chrono::steady_clock::now();
     if (ok) {
       s.condition = Condition::kServing;
       s.engine_state = "running";
@@ -260,6 +265,7 @@ void InstanceSet::park_done(size_t index, bool ok, const std::string& why) {
     std::lock_guard lock(mu_);
     State& s = states_.at(index);
     s.parking = false;
+    s.lifecycle_at = std::chrono::steady_clock::now();
     if (ok) {
       s.engine_state = "sleeping_level_1";
     } else {

@@ -114,11 +114,14 @@ class InstanceSet {
   std::optional<size_t> find(const std::string& url_text) const;
 
   std::optional<Pick> pick(std::optional<uint64_t> affinity = std::nullopt);
-  void record_health(size_t index, bool ok, const std::string& why, const std::optional<EngineReport>& report = {});
+  // asked_at: when the check was sent; a report asked before our last wake
+  // or park of the instance ended says nothing of its state now.
+  void record_health(size_t index, bool ok, const std::string& why, const std::optional<EngineReport>& report = {},
+                     std::chrono::steady_clock::time_point asked_at = std::chrono::steady_clock::time_point::max());
   void record_failure(size_t index, const std::string& why);
 
   // An instance that is up and asleep, now claimed for waking (kWaking), or
-  // nullopt when none is (claimed already, or none asleep).
+  // nullopt when one of the set is being woken already, or none is asleep.
   std::optional<size_t> wake_candidate();
   // Whether some instance is up and being woken or asleep (a wake may help).
   bool can_wake() const;
@@ -155,6 +158,7 @@ class InstanceSet {
     uint64_t wake_failures = 0;
     uint64_t parks = 0;
     bool parking = false;  // a sleep call of ours is out: health reports do not override kAsleep
+    std::chrono::steady_clock::time_point lifecycle_at{};  // when our last wake or park ended
   };
   double load_of(const State& s) const;
   void release(size_t index);

@@ -576,15 +576,16 @@ try:
             victim.start()
             wait_until("the pinned proxy sees the restarted engine up", lambda: all_up(pinned, [victim.url]), 10)
             d = D0
-            done_before = loads(d, "done")
+            done_before = loads(d, "loaded")
             handshakes_before = P0.metrics().get("siesta:kv_peer_handshakes_total", 0)
             after = Tally(name + "-after")
             sequential(pinned, FRESH[name], after)
             counts, bad = after.counts(refs)
             slowest = max(o.seconds for *_, o in after.rows)
-            done = loads(d, "done") - done_before
+            done = loads(d, "loaded") - done_before
             ignored = len(re.findall(r"notified a write for request .* ignored", D0.log_since_start()))
             record(name, counts, {"loads_done": done, "slowest_s": round(slowest, 3), "ignored_writes": ignored,
+
                                   "p_handshakes": P0.metrics().get("siesta:kv_peer_handshakes_total", 0)
                                   - handshakes_before})
             assert counts["ok"] == 6, bad
@@ -628,7 +629,7 @@ try:
     if "shaped-link" in PHASES:
         def shaped():
             tally = Tally("shaped-link")
-            done_before, failed_before = loads(D0, "done"), loads(D0, "failed")
+            done_before, failed_before = loads(D0, "loaded"), loads(D0, "failed")
             shape_link("p0", True)
             shape_link("d0", True)
             try:
@@ -639,7 +640,7 @@ try:
                 shape_link("d0", False)
             counts, bad = tally.counts(refs)
             record("shaped-link", counts, {"shaping": "tbf rate 8mbit burst 32kb latency 30ms, both directions",
-                                           "loads_done": loads(D0, "done") - done_before,
+                                           "loads_done": loads(D0, "loaded") - done_before,
                                            "loads_failed": loads(D0, "failed") - failed_before})
             assert lost == 0 and counts["ok"] == counts["requests"], bad
             blocks_back([P0, D0])
