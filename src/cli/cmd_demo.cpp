@@ -542,16 +542,16 @@ void print_fleet_table(const std::vector<DemoResult>& results, const std::string
   std::cout << fmt::format("siesta demo --fleet: 2 P + 2 D on {} ({} backend, {} mode), through siesta proxy "
                            "--wake-on-demand\n\n",
                            device, f.backend, f.mode);
-  std::cout << fmt::format("{:<24} {:<10} {:<10} {:>9} {:>9} {:>7}  {}\n", "request", "prefill", "decode", "wake ms",
+  std::cout << fmt::format("{:<32} {:<7} {:<7} {:>8} {:>9} {:>7}  {}\n", "request", "prefill", "decode", "wake ms",
                            "TTFT ms", "tokens", "output = colocated");
   for (const DemoResult& r : results) {
     const std::string wake = r.wake_wait_ms > 0 ? fmt::format("{:.0f}", r.wake_wait_ms) : "-";
     if (!r.ok) {
-      std::cout << fmt::format("{:<24} {:<10} {:<10} {:>9} {:>9} {:>7}  FAILED: {}\n", r.name, name_of(r.prefill),
+      std::cout << fmt::format("{:<32} {:<7} {:<7} {:>8} {:>9} {:>7}  FAILED: {}\n", r.name, name_of(r.prefill),
                                name_of(r.decode), wake, "-", "-", r.error);
       continue;
     }
-    std::cout << fmt::format("{:<24} {:<10} {:<10} {:>9} {:>9.1f} {:>7}  {}\n", r.name, name_of(r.prefill),
+    std::cout << fmt::format("{:<32} {:<7} {:<7} {:>8} {:>9.1f} {:>7}  {}\n", r.name, name_of(r.prefill),
                              name_of(r.decode), wake, r.ttft_ms, r.tokens, r.equal ? "yes" : "NO");
   }
 }
