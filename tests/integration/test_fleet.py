@@ -24,6 +24,7 @@ Phases:
                has no sch_netem): outputs identical
   sigstop      a D stopped (SIGSTOP) for longer than the deadlines: the proxy gives up on it and
                serves the requests elsewhere; after SIGCONT it is up and serving again
+  park         a proxy with --park-idle-after 1 puts P and D to sleep; the next request wakes them
   chaos        16 clients while single engines are put to sleep and woken, killed and restarted:
                0 wrong, 0 lost, an error only for a request in flight at an engine as it was killed
 
@@ -60,7 +61,7 @@ ap.add_argument("--clients", type=int, default=16)
 ap.add_argument("--chaos-s", type=float, default=25.0, help="length of the chaos phase")
 ap.add_argument("--seed", type=int, default=None)
 ap.add_argument("--json", default=None, help="write the counts here (the bench form)")
-ap.add_argument("--phases", default="routing,asleep,p-restart,d-restart,link-cut,shaped-link,sigstop,chaos")
+ap.add_argument("--phases", default="routing,asleep,p-restart,d-restart,link-cut,shaped-link,sigstop,park,chaos")
 args = ap.parse_args()
 
 SIESTA = os.path.abspath(args.siesta)
@@ -670,6 +671,34 @@ try:
             assert again.counts(refs)[0]["ok"] == 10
             blocks_back(list(engines.values()))
         checks.check("sigstop: a stopped D is timed out and routed around; it serves again after SIGCONT", sigstop)
+
+    # ---- park
+    if "park" in PHASES:
+        def park():
+            parker = Proc("proxy-park", ["proxy", "--prefill", P0.url, "--decode", D0.url, "--wake-on-demand",
+                                         "--park-idle-after", "1", "--wake-timeout-s", "20", *common])
+            try:
+                def asleep(e):
+                    return json.loads(e.call("GET", "/is_sleeping")[2])["is_sleeping"]
+                wait_until("P0 and D0 parked after 1 s without traffic", lambda: asleep(P0) and asleep(D0), 8)
+                tally = Tally("park")
+                sequential(parker, range(52, 56), tally)
+                counts, bad = tally.counts(refs)
+                waited = int(tally.rows[0][3].headers.get("x-siesta-wake-wait-ms", "0"))
+                _, _, raw = request("127.0.0.1", parker.port, "GET", "/metrics")
+                m = parse_metrics(raw)
+                parks = sum(v for k, v in m.items() if k.startswith("siesta_proxy_instance_parks_total"))
+                record("park", counts, {"first_wake_wait_ms": waited, "parks": parks})
+                assert counts["ok"] == 4, bad
+                assert waited > 0, "the first request after the park waited for no wake"
+                assert parks >= 2, m
+            finally:
+                parker.stop()
+            for e in (P0, D0):
+                assert e.call("POST", "/wake_up", timeout=60)[0] == 200
+            wait_until("all up again", lambda: all_up(fleet, [x.url for x in engines.values()]), 10)
+            blocks_back([P0, D0])
+        checks.check("park: idle engines put to sleep by the proxy, woken by the next request", park)
 
     # ---- chaos
     if "chaos" in PHASES:
