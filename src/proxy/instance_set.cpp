@@ -61,10 +61,14 @@ const char* role_name(Role role) { return role == Role::kPrefill ? "prefill" : "
 
 const char* condition_name(Condition c) {
   switch (c) {
-    case Condition::kServing: return "serving";
-    case Condition::kAsleep: return "asleep";
-    case Condition::kPaused: return "paused";
-    case Condition::kWaking: return "waking";
+    case Condition::kServing:
+      return "serving";
+    case Condition::kAsleep:
+      return "asleep";
+    case Condition::kPaused:
+      return "paused";
+    case Condition::kWaking:
+      return "waking";
   }
   return "unknown";
 }
@@ -174,9 +178,8 @@ void InstanceSet::record_health(size_t index, bool ok, const std::string& why,
     if (ok && report) {
       s.report = *report;
       s.engine_state = report->state;
-      Condition c = report->state.empty()
-                        ? (report->asleep.value_or(false) ? Condition::kAsleep : Condition::kServing)
-                        : condition_of_engine_state(report->state);
+      Condition c = report->state.empty() ? (report->asleep.value_or(false) ? Condition::kAsleep : Condition::kServing)
+                                          : condition_of_engine_state(report->state);
       // Our own wake or park call is out, or ended after this report was
       // asked for: its answer, not the report, says what the engine is.
       if (s.condition != Condition::kWaking && !s.parking && asked_at >= s.lifecycle_at) s.condition = c;
@@ -343,10 +346,12 @@ std::string InstanceSet::describe_none_up() const {
   for (size_t i = 0; i < all.size(); ++i) {
     if (i) text += ", ";
     const InstanceStatus& s = all[i];
-    std::string why = !s.up ? s.why_down
-                            : (s.condition == Condition::kServing ? std::string("up")
-                                                                   : std::string(condition_name(s.condition)) +
-                                                                         (s.engine_state.empty() ? "" : ": " + s.engine_state));
+    std::string why =
+        !s.up
+            ? s.why_down
+            : (s.condition == Condition::kServing
+                   ? std::string("up")
+                   : std::string(condition_name(s.condition)) + (s.engine_state.empty() ? "" : ": " + s.engine_state));
     text += s.url.text + " (" + why + ")";
   }
   return text;

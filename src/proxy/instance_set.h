@@ -61,7 +61,7 @@ Condition condition_of_engine_state(const std::string& state);
 
 // What an instance's /metrics said (siesta's names; vLLM's where siesta's are absent).
 struct EngineReport {
-  std::string state;  // siesta:engine_state's label; empty when not reported
+  std::string state;           // siesta:engine_state's label; empty when not reported
   std::optional<bool> asleep;  // engine_sleep_state{sleep_state="awake"} == 0
   double running = 0;
   double waiting = 0;
@@ -75,7 +75,7 @@ struct InstanceStatus {
   InstanceUrl url;
   Role role = Role::kPrefill;
   bool up = false;
-  std::string why_down;        // empty when up
+  std::string why_down;  // empty when up
   Condition condition = Condition::kServing;
   std::string engine_state;    // as reported; empty when never
   uint64_t picked = 0;         // requests routed to it
@@ -85,9 +85,9 @@ struct InstanceStatus {
   double engine_running = 0;
   double engine_waiting = 0;
   double kv_usage = 0;
-  uint64_t wakes = 0;          // wake_up calls the proxy made
+  uint64_t wakes = 0;  // wake_up calls the proxy made
   uint64_t wake_failures = 0;
-  uint64_t parks = 0;          // sleep calls the proxy made for idleness
+  uint64_t parks = 0;  // sleep calls the proxy made for idleness
 };
 
 // Counts one request in flight at an instance while it lives.

@@ -83,8 +83,7 @@ void SleepController::run_wake(InstanceSet* set, size_t index) {
   SIESTA_LOG_INFO("proxy: every {} instance is asleep; waking {}", role_name(set->role()), url.text);
   const auto started = Clock::now();
   const LegLimits limits{options_.connect_timeout, options_.wake_timeout, options_.wake_timeout};
-  std::unique_ptr<Leg> leg =
-      Leg::start(url, {"POST", "/wake_up", "", "application/json", options_.headers}, limits);
+  std::unique_ptr<Leg> leg = Leg::start(url, {"POST", "/wake_up", "", "application/json", options_.headers}, limits);
   Result<LegHead> head = leg->wait_head(interrupt());
   Result<std::string> body = head ? leg->wait_body(interrupt()) : Result<std::string>(head.error());
   const bool ok = head && body && head->status == 200;

@@ -189,7 +189,7 @@ TEST(InstanceSet, OneWakeAtATimeAndAReportFromBeforeItDoesNotUndoIt) {
   std::optional<size_t> first = set.wake_candidate();
   ASSERT_TRUE(first.has_value());
   EXPECT_FALSE(set.wake_candidate().has_value());  // the requests wait for this one
-  EXPECT_FALSE(set.pick().has_value());             // waking is not serving
+  EXPECT_FALSE(set.pick().has_value());            // waking is not serving
   set.wake_done(*first, true, "");
   set.record_health(*first, true, "", asleep, before);  // asked before the wake ended
   ASSERT_TRUE(set.pick().has_value());
@@ -206,7 +206,7 @@ TEST(InstanceSet, IdleInstancesAreParkedOnceAndNotRoutedToMeanwhile) {
   const auto later = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   EXPECT_EQ(set.park_candidates(later, std::chrono::seconds(5)), (std::vector<size_t>{1}));
   EXPECT_TRUE(set.park_candidates(later, std::chrono::seconds(5)).empty());  // claimed already
-  EXPECT_EQ(set.pick()->index, 0u);                                         // 1 is parking
+  EXPECT_EQ(set.pick()->index, 0u);                                          // 1 is parking
   set.park_done(1, false, "sleep mode is off");
   EXPECT_EQ(set.snapshot()[1].condition, Condition::kServing);
   EXPECT_TRUE(set.park_candidates(std::chrono::steady_clock::now(), std::chrono::seconds(5)).empty());  // fresh
