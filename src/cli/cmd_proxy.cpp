@@ -41,7 +41,7 @@ struct ProxyOptions {
   double park_idle_after_s = 0;  // 0: never
   size_t prefix_affinity_chars = 256;
   uint64_t affinity_slack = 2;
-  int retries = 1;
+  int retries = 0;
   HttpFlags http;
 };
 

@@ -120,15 +120,31 @@ double InstanceSet::load_of(const State& s) const {
   return (engine > ours ? engine : ours) + s.report.kv_usage;
 }
 
-std::optional<Pick> InstanceSet::pick(std::optional<uint64_t> affinity) {
+std::optional<Pick> InstanceSet::pick(std::optional<uint64_t> affinity) { return choose(affinity, false); }
+
+std::optional<Pick> InstanceSet::pick_holding() {
+  {
+    std::lock_guard lock(mu_);
+    for (const State& s : states_)
+      if (s.up && s.condition == Condition::kServing) return std::nullopt;  // pick() serves
+  }
+  return choose(std::nullopt, true);
+}
+
+std::optional<Pick> InstanceSet::choose(std::optional<uint64_t> affinity, bool holding) {
   std::lock_guard lock(mu_);
   const size_t n = urls_.size();
+  auto eligible = [holding](const State& s) {
+    if (!s.up) return false;
+    return holding ? (s.condition == Condition::kAsleep && !s.parking) || s.condition == Condition::kPaused
+                   : s.condition == Condition::kServing;
+  };
   std::optional<size_t> best;
   double best_load = 0;
   for (size_t step = 0; step < n; ++step) {
     const size_t i = (cursor_ + step) % n;
     const State& s = states_[i];
-    if (!s.up || s.condition != Condition::kServing) continue;
+    if (!eligible(s)) continue;
     const double load = load_of(s);
     if (!best || load < best_load) {
       best = i;
@@ -140,8 +156,7 @@ std::optional<Pick> InstanceSet::pick(std::optional<uint64_t> affinity) {
     std::optional<size_t> home;
     uint64_t home_weight = 0;
     for (size_t i = 0; i < n; ++i) {
-      const State& s = states_[i];
-      if (!s.up || s.condition != Condition::kServing) continue;
+      if (!eligible(states_[i])) continue;
       const uint64_t w = mix(*affinity ^ fnv1a(urls_[i].text));
       if (!home || w > home_weight) {
         home = i;

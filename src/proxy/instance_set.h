@@ -14,7 +14,9 @@
 //      (rendezvous hashing) is chosen while its load is within
 //      affinity_slack of the least loaded, so that requests sharing a prefix
 //      meet the same prefix cache. nullopt when none can serve. The Pick
-//      counts as in flight until its last copy is gone.
+//      counts as in flight until its last copy is gone. pick_holding() then
+//      gives an instance that is asleep or paused, to hold the request (a
+//      proxy that does not wake on demand).
 //   3. record_health(i, ok, why, report) after each health check of instance
 //      i (report: what its /metrics said, when it said it);
 //      record_failure(i, why) when a request to it failed. A failure marks
@@ -114,6 +116,11 @@ class InstanceSet {
   std::optional<size_t> find(const std::string& url_text) const;
 
   std::optional<Pick> pick(std::optional<uint64_t> affinity = std::nullopt);
+  // When no instance serves: the least loaded that is up but asleep or
+  // paused (not one being woken or parked by us), which holds the request
+  // until it is woken or resumed (siesta serve's --max-held-seconds); for a
+  // proxy that does not wake on demand. nullopt when one serves or none is up.
+  std::optional<Pick> pick_holding();
   // asked_at: when the check was sent; a report asked before our last wake
   // or park of the instance ended says nothing of its state now.
   void record_health(size_t index, bool ok, const std::string& why, const std::optional<EngineReport>& report = {},
@@ -161,6 +168,7 @@ class InstanceSet {
     std::chrono::steady_clock::time_point lifecycle_at{};  // when our last wake or park ended
   };
   double load_of(const State& s) const;
+  std::optional<Pick> choose(std::optional<uint64_t> affinity, bool holding);
   void release(size_t index);
 
   const Role role_;

@@ -308,8 +308,9 @@ void Proxy::serve_health(httplib::Response& res, bool always_200) const {
   const json body = {
       {"status", serving ? "ok" : "unavailable"},
       {"mode", proxy_mode_name(config_.mode)},
-      {"prefill", {{"up", p_up}, {"serving", prefill_.serving_count()}, {"total", prefill_.size()}}},
-      {"decode", {{"up", d_up}, {"serving", decode_.serving_count()}, {"total", decode_.size()}}},
+      {"prefill", {{"up", p_up}, {"total", prefill_.size()}}},
+      {"decode", {{"up", d_up}, {"total", decode_.size()}}},
+      {"serving", {{"prefill", prefill_.serving_count()}, {"decode", decode_.serving_count()}}},
       {"wake_on_demand", config_.wake_on_demand},
       {"instances", std::move(instances)},
   };

@@ -56,7 +56,7 @@ struct ProxyConfig {
   size_t prefix_affinity_chars = 256;
   // Tries more on other instances for a request whose try failed before
   // anything reached its client, at an instance now marked down (route.h).
-  int retries = 1;
+  int retries = 0;
   uint64_t affinity_slack = 2;
   size_t max_connections = 128;                      // client requests served at once (one thread each)
   // How client requests are read: limits, deadlines, connection limits

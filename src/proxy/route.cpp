@@ -114,6 +114,11 @@ Acquired acquire(const RouteContext& ctx, InstanceSet& set, std::optional<uint64
       }
       return a;
     }
+    if (!cfg.wake_on_demand) {
+      // Nothing serves: an engine asleep or paused holds the request until
+      // whoever put it to sleep wakes it (or its own deadline answers 503).
+      if ((a.pick = set.pick_holding())) return a;
+    }
     if (!cfg.wake_on_demand || !set.can_wake()) {
       a.code = error_code::kNoInstanceUp;
       a.message = set.describe_none_up();
