@@ -476,7 +476,14 @@ try:
         st = status_of(proxy)
         return all(st[u]["state"] == "up" for u in urls)
 
+    def engines_alive():
+        """Every engine still runs: one that died (a crash, not a kill of ours) fails the phase, with its log."""
+        for e in engines.values():
+            rc = e.proc.poll()
+            assert rc is None, f"{e.name} exited with {rc}; its log ends: {e.log_since_start()[-1500:]}"
+
     def blocks_back(who):
+        engines_alive()
         def zero():
             held = {e.name: e.held() for e in who}
             return held if all(v == 0 for h in held.values() for v in h.values()) else None
@@ -494,6 +501,7 @@ try:
             tally.add(i, start, generate(proxy.port, *specs[i]))
 
     def record(name, counts, extra=None):
+        engines_alive()
         results["phases"][name] = {**counts, **(extra or {})}
         print(f"{name}: {json.dumps(results['phases'][name])}", flush=True)
 
