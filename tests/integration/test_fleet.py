@@ -713,6 +713,7 @@ try:
         def chaos():
             tally = Tally("chaos")
             kills = []  # (engine url, killed at, restarted at)
+            sleeps = []  # (engine url, put to sleep at, woken at)
             ops = []
             end = time.monotonic() + args.chaos_s
             threads = run_clients(fleet.port, specs, range(80), tally, args.clients, lambda: end, SEED + 4)
@@ -728,6 +729,7 @@ try:
                     e.start()
                     kills.append((e.url, t0, time.monotonic()))
                 else:
+                    t0 = time.monotonic()
                     if op == "sleep-proxy":
                         s, _, body = request("127.0.0.1", fleet.port, "POST",
                                              f"/sleep?instance={e.url}&level=1&mode=keep", timeout=60)
@@ -737,6 +739,7 @@ try:
                     time.sleep(orng.uniform(0.5, 2.5))
                     s, _, body = e.call("POST", "/wake_up", timeout=60)
                     assert s == 200, ("wake_up", e.name, s, body[:300])
+                    sleeps.append((e.url, t0, time.monotonic()))
                 wait_until("the fleet up again", lambda: all_up(fleet, [x.url for x in engines.values()]), 15)
                 time.sleep(orng.uniform(0.3, 1.5))
             lost = join_all(threads)
@@ -746,8 +749,14 @@ try:
                 # the proxy's one retry spent on it too): a clear error naming an instance.
                 return any(s <= k_end and e >= k_start for _, k_start, k_end in kills) and \
                     ("prefill instance" in o.detail or "decode instance" in o.detail or "stream error" in o.detail)
-            counts, bad = tally.counts(refs, killed_under)
-            record("chaos", counts, {"stuck": lost, "operations": len(ops), "kills": len(kills), "ops": ops})
+            def slept_under(s, e, o):
+                # A stream a D held through its keep-mode sleep longer than the proxy's --timeout-s: the
+                # proxy's idle deadline ends it, with an error naming that D.
+                return "stream error" in o.detail and f"no answer within {PROXY_TIMEOUT_S:.1f} s" in o.detail and \
+                    any(url in o.detail and s <= w_end and e >= w_start for url, w_start, w_end in sleeps)
+            counts, bad = tally.counts(refs, lambda s, e, o: killed_under(s, e, o) or slept_under(s, e, o))
+            record("chaos", counts, {"stuck": lost, "operations": len(ops), "kills": len(kills), "ops": ops,
+                                     "not_allowed": bad[:20]})
             assert counts["requests"] > 0
             assert lost == 0 and counts["wrong"] == 0 and counts["lost"] == 0 and counts["errored"] == 0, bad
             blocks_back(list(engines.values()))
