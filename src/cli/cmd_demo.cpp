@@ -1,5 +1,5 @@
 // siesta demo [--model DIR] [--device auto|cpu|cuda] [--backend ipc|ucx] [--mode write|read]
-//             [--max-tokens N] [--json] [--logs DIR] [--startup-timeout S] [--request-timeout S]
+//             [--max-tokens N] [--json] [--logs DIR] [--startup-timeout S] [--request-timeout S] [--fleet]
 //
 // P/D disaggregation end to end on one machine: starts a prefill engine (P),
 // a decode engine (D), `siesta proxy` in front of them, and one colocated
@@ -18,6 +18,11 @@
 // the colocated engine's output. Exit code 0 only when every request
 // succeeded with an identical output. On CUDA the engines run in
 // batch-invariant mode, whose results do not depend on chunking or batching.
+//
+// --fleet: two P and two D engines behind one `siesta proxy --wake-on-demand`;
+// the table names the engines that served each request (the proxy's
+// x-siesta-prefill / x-siesta-decode headers) and the wake a request waited
+// for (x-siesta-wake-wait-ms) after both P were put to sleep.
 //
 // The model defaults to the embedded tiny Qwen3 (models/tiny-qwen3 of the
 // source tree when the binary is build/bin/siesta, or under the working
@@ -72,6 +77,7 @@ struct DemoFlags {
   fs::path logs;
   int startup_timeout_s = 120;
   int request_timeout_s = 120;
+  bool fleet = false;
 };
 
 // One request of the demo: the same body goes through the proxy (streamed)
@@ -93,6 +99,9 @@ struct DemoResult {
   double transfer_ms = 0;
   bool equal = false;
   std::string text;
+  std::string prefill;  // the instances that served it (x-siesta-prefill / x-siesta-decode)
+  std::string decode;
+  double wake_wait_ms = 0;  // x-siesta-wake-wait-ms: held while an engine woke up
 };
 
 // One engine's sleep and wake while requests stream through the proxy.
@@ -350,6 +359,14 @@ DemoResult run_one(const DemoRequest& req, const std::string& proxy, const std::
     out.error = reply.error().message;
     return out;
   }
+  out.prefill = reply->header("x-siesta-prefill");
+  out.decode = reply->header("x-siesta-decode");
+  if (std::string waited = reply->header("x-siesta-wake-wait-ms"); !waited.empty()) {
+    try {
+      out.wake_wait_ms = std::stod(waited);
+    } catch (const std::exception&) {
+    }
+  }
   if (reply->status != 200) {
     out.error = error_of(*reply);
     return out;
@@ -514,6 +531,122 @@ void print_sleep_table(const std::vector<SleepStep>& steps, const std::string& d
   }
 }
 
+// The fleet table: which instances served each request, and any wake it waited for.
+void print_fleet_table(const std::vector<DemoResult>& results, const std::string& device, const DemoFlags& f,
+                       const std::vector<std::string>& names_by_url) {
+  auto name_of = [&](const std::string& url) {
+    for (size_t i = 0; i + 1 < names_by_url.size(); i += 2)
+      if (names_by_url[i] == url) return names_by_url[i + 1];
+    return url.empty() ? std::string("-") : url;
+  };
+  std::cout << fmt::format("siesta demo --fleet: 2 P + 2 D on {} ({} backend, {} mode), through siesta proxy "
+                           "--wake-on-demand\n\n",
+                           device, f.backend, f.mode);
+  std::cout << fmt::format("{:<32} {:<7} {:<7} {:>8} {:>9} {:>7}  {}\n", "request", "prefill", "decode", "wake ms",
+                           "TTFT ms", "tokens", "output = colocated");
+  for (const DemoResult& r : results) {
+    const std::string wake = r.wake_wait_ms > 0 ? fmt::format("{:.0f}", r.wake_wait_ms) : "-";
+    if (!r.ok) {
+      std::cout << fmt::format("{:<32} {:<7} {:<7} {:>8} {:>9} {:>7}  FAILED: {}\n", r.name, name_of(r.prefill),
+                               name_of(r.decode), wake, "-", "-", r.error);
+      continue;
+    }
+    std::cout << fmt::format("{:<32} {:<7} {:<7} {:>8} {:>9.1f} {:>7}  {}\n", r.name, name_of(r.prefill),
+                             name_of(r.decode), wake, r.ttft_ms, r.tokens, r.equal ? "yes" : "NO");
+  }
+}
+
+// --fleet: two P and two D behind one proxy that wakes on demand; the demo's
+// requests, then both P put to sleep and two more requests (the first waits
+// for a wake, the second is served at once).
+Result<bool> run_fleet(const DemoFlags& f, const fs::path& model, const std::string& device, const fs::path& exe,
+                       const fs::path& logs) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const int threads = static_cast<int>(std::max(1u, cores / 5));
+  const auto startup_deadline = Clock::now() + std::chrono::seconds(f.startup_timeout_s);
+  const auto timeout = std::chrono::seconds(f.request_timeout_s);
+  auto start = [&](const std::string& name, std::vector<std::string> args) {
+    return ChildProcess::start(name, exe, args, logs / (name + ".log"));
+  };
+  const fs::path key_file = logs / "side_channel.key";
+  SIESTA_TRY(write_auth_key(key_file));
+  auto engine = [&](const std::string& role) {
+    std::vector<std::string> a = engine_args(model, device, threads);
+    a.insert(a.end(), {"--kv-transfer-config", connector_config(role, f, key_file), "--enable-sleep-mode"});
+    return a;
+  };
+  SIESTA_ASSIGN_OR_RETURN(ChildProcess colocated, start("colocated", engine_args(model, device, threads)));
+  ChildRegistration reg_c(colocated);
+  SIESTA_ASSIGN_OR_RETURN(ChildProcess p0, start("prefill-0", engine("kv_producer")));
+  ChildRegistration reg_p0(p0);
+  SIESTA_ASSIGN_OR_RETURN(ChildProcess p1, start("prefill-1", engine("kv_producer")));
+  ChildRegistration reg_p1(p1);
+  SIESTA_ASSIGN_OR_RETURN(ChildProcess d0, start("decode-0", engine("kv_consumer")));
+  ChildRegistration reg_d0(d0);
+  SIESTA_ASSIGN_OR_RETURN(ChildProcess d1, start("decode-1", engine("kv_consumer")));
+  ChildRegistration reg_d1(d1);
+
+  SIESTA_ASSIGN_OR_RETURN(std::string c_url, colocated.wait_for_listening(startup_deadline));
+  SIESTA_ASSIGN_OR_RETURN(std::string p0_url, p0.wait_for_listening(startup_deadline));
+  SIESTA_ASSIGN_OR_RETURN(std::string p1_url, p1.wait_for_listening(startup_deadline));
+  SIESTA_ASSIGN_OR_RETURN(std::string d0_url, d0.wait_for_listening(startup_deadline));
+  SIESTA_ASSIGN_OR_RETURN(std::string d1_url, d1.wait_for_listening(startup_deadline));
+  SIESTA_ASSIGN_OR_RETURN(
+      ChildProcess proxy,
+      start("proxy", {"proxy", "--prefill", p0_url + "," + p1_url, "--decode", d0_url + "," + d1_url, "--mode",
+                      f.mode == "read" ? "sequential" : "concurrent", "--host", "127.0.0.1", "--port", "0",
+                      "--wake-on-demand", "--health-interval-s", "0.5"}));
+  ChildRegistration reg_x(proxy);
+  SIESTA_ASSIGN_OR_RETURN(std::string x_url, proxy.wait_for_listening(startup_deadline));
+  const std::vector<std::string> names = {p0_url, "P0", p1_url, "P1", d0_url, "D0", d1_url, "D1"};
+  if (!f.json_output) {
+    std::cerr << fmt::format("siesta demo --fleet: model {} on {}; P0 {}, P1 {}, D0 {}, D1 {}, proxy {}, colocated "
+                             "{}; logs in {}\n",
+                             model.string(), device, p0_url, p1_url, d0_url, d1_url, x_url, c_url, logs.string());
+  }
+  const std::vector<std::string> all = {p0_url, p1_url, d0_url, d1_url};
+  std::vector<DemoResult> results;
+  for (const DemoRequest& req : demo_requests(f.max_tokens)) results.push_back(run_one(req, x_url, all, c_url, timeout));
+
+  // Every P asleep: the next request makes the proxy wake one and waits for it.
+  for (const std::string& p : {p0_url, p1_url}) {
+    Result<json> slept = admin_post(p, "/sleep?level=1", timeout);
+    if (!slept) return slept.error().with_context("putting " + p + " to sleep");
+  }
+  // The proxy learns of the sleeps at its next health round.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  std::vector<DemoRequest> after = demo_requests(f.max_tokens);
+  after.resize(2);
+  after[0].name = "both P asleep: " + after[0].name;
+  after[1].name = "after the wake: " + after[1].name;
+  for (const DemoRequest& req : after) results.push_back(run_one(req, x_url, all, c_url, timeout));
+
+  const bool all_good = std::all_of(results.begin(), results.end(), [](const DemoResult& r) { return r.ok && r.equal; });
+  const bool woke = results.size() >= 2 && results[results.size() - 2].wake_wait_ms > 0;
+  if (f.json_output) {
+    json out = json::array();
+    for (const DemoResult& r : results) {
+      out.push_back({{"request", r.name},      {"ok", r.ok},           {"error", r.error},
+                     {"prefill", r.prefill},   {"decode", r.decode},   {"wake_wait_ms", r.wake_wait_ms},
+                     {"ttft_ms", r.ttft_ms},   {"tokens", r.tokens},   {"equal_colocated", r.equal},
+                     {"text", r.text}});
+    }
+    std::cout << json{{"device", device}, {"backend", f.backend}, {"mode", f.mode}, {"fleet", true},
+                      {"requests", out}}
+                     .dump(2)
+              << std::endl;
+  } else {
+    print_fleet_table(results, device, f, names);
+    std::cout << "\n"
+              << (all_good && woke ? "every output equals the colocated engine's; the first request after both P "
+                                     "slept waited for a wake"
+                                   : "SOME REQUESTS FAILED OR DIFFER, OR NO WAKE WAS WAITED FOR (logs: " +
+                                         logs.string() + ")")
+              << std::endl;
+  }
+  return all_good && woke;
+}
+
 Result<bool> run_demo(const DemoFlags& f) {
   SIESTA_ASSIGN_OR_RETURN(fs::path model, find_model(f));
   SIESTA_ASSIGN_OR_RETURN(std::string device, pick_device(f.device));
@@ -532,6 +665,17 @@ Result<bool> run_demo(const DemoFlags& f) {
     if (ec) return io_error(fmt::format("--logs {}: {}", logs.string(), ec.message()));
   }
 
+  if (f.fleet) {
+    Result<bool> outcome = run_fleet(f, model, device, exe, logs);
+    stop_all_children();
+    std::error_code rm;
+    if (!outcome) {
+      std::cerr << "siesta demo: logs kept in " << logs.string() << "\n";
+      return outcome;
+    }
+    if (temporary_logs && *outcome) fs::remove_all(logs, rm);
+    return outcome;
+  }
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const int threads = static_cast<int>(std::max(1u, cores / 3));
   const auto startup_deadline = Clock::now() + std::chrono::seconds(f.startup_timeout_s);
@@ -662,6 +806,9 @@ void add_demo_command(CLI::App& app) {
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   cmd->add_flag("--json", f->json_output, "Print the results as JSON");
+  cmd->add_flag("--fleet", f->fleet,
+                "Two prefill and two decode engines behind one proxy (--wake-on-demand): which engines served each "
+                "request, and the wake a request waited for after both prefill engines slept");
   cmd->add_option("--logs", f->logs, "Keep the child processes' logs in this folder");
   cmd->add_option("--startup-timeout", f->startup_timeout_s, "Seconds for the engines and the proxy to start")
       ->check(CLI::Range(1, 3600))

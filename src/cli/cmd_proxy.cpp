@@ -2,6 +2,8 @@
 //              [--mode concurrent|sequential] [--timeout-s S] [--api-key K]
 //              [--connect-timeout-s S] [--health-interval-s S] [--health-timeout-s S] [--max-connections N]
 //              [--allow-unauthenticated-admin] [--metrics-require-key] [HTTP limits: cli/http_flags.h]
+//              [--wake-on-demand] [--wake-timeout-s S] [--park-idle-after S]
+//              [--prefix-affinity-chars N] [--affinity-slack N] [--retries N]
 //
 // The P/D router (src/proxy/README.md). Prints "siesta proxy: listening on
 // http://H:N" on stdout once it accepts connections, runs until SIGINT or
@@ -34,6 +36,12 @@ struct ProxyOptions {
   bool allow_unauthenticated_admin = false;
   bool metrics_require_key = false;
   size_t max_connections = 128;
+  bool wake_on_demand = false;
+  double wake_timeout_s = 60;
+  double park_idle_after_s = 0;  // 0: never
+  size_t prefix_affinity_chars = 256;
+  uint64_t affinity_slack = 2;
+  int retries = 0;
   HttpFlags http;
 };
 
@@ -64,6 +72,15 @@ Result<proxy::ProxyConfig> make_config(const ProxyOptions& opt) {
   config.allow_unauthenticated_admin = opt.allow_unauthenticated_admin;
   config.metrics_require_key = opt.metrics_require_key;
   config.max_connections = opt.max_connections;
+  config.wake_on_demand = opt.wake_on_demand;
+  SIESTA_ASSIGN_OR_RETURN(config.wake_timeout, millis(opt.wake_timeout_s, "--wake-timeout-s"));
+  if (opt.park_idle_after_s != 0) {
+    SIESTA_ASSIGN_OR_RETURN(std::chrono::milliseconds idle, millis(opt.park_idle_after_s, "--park-idle-after"));
+    config.park_idle_after = idle;
+  }
+  config.prefix_affinity_chars = opt.prefix_affinity_chars;
+  config.affinity_slack = opt.affinity_slack;
+  config.retries = opt.retries;
   SIESTA_ASSIGN_OR_RETURN(config.http, opt.http.options());
   SIESTA_TRY(proxy::validate_proxy_config(config));
   return config;
@@ -138,6 +155,26 @@ void add_proxy_command(CLI::App& app) {
   cmd->add_flag("--metrics-require-key", opt->metrics_require_key, "With --api-key, /metrics needs the key too");
   cmd->add_option("--max-connections", opt->max_connections,
                   "Client requests served at once (one thread each; requests are read before they take one)")
+      ->capture_default_str();
+  cmd->add_flag("--wake-on-demand", opt->wake_on_demand,
+                "When every instance of a role that is up is asleep, wake one (POST /wake_up) and hold the request "
+                "until it serves (at most --wake-timeout-s, then 503 wake_timeout)");
+  cmd->add_option("--wake-timeout-s", opt->wake_timeout_s, "How long a request waits for a wake")
+      ->capture_default_str();
+  cmd->add_option("--park-idle-after", opt->park_idle_after_s,
+                  "Seconds without traffic after which an instance is put to sleep (level 1); needs "
+                  "--wake-on-demand (0: never)")
+      ->capture_default_str();
+  cmd->add_option("--prefix-affinity-chars", opt->prefix_affinity_chars,
+                  "Prompts whose first N characters agree go to the same prefill instance (its prefix cache) while "
+                  "its load is within --affinity-slack of the least loaded (0: by load only)")
+      ->capture_default_str();
+  cmd->add_option("--affinity-slack", opt->affinity_slack,
+                  "Requests in flight by which the prefix's prefill instance may exceed the least loaded one")
+      ->capture_default_str();
+  cmd->add_option("--retries", opt->retries,
+                  "Tries more, on other instances, for a request that failed before anything reached its client "
+                  "(the instance is marked down)")
       ->capture_default_str();
   opt->http.add_to(*cmd);
   cmd->callback([opt] {

@@ -1,5 +1,7 @@
 #include "cli/http_client.h"
 
+#include <cctype>
+
 #include <httplib.h>
 
 namespace siesta::cli {
@@ -79,12 +81,30 @@ Result<HttpReply> HttpClient::post_events(const std::string& path, const std::st
     pending.erase(0, start);
     return true;
   };
+  std::vector<std::pair<std::string, std::string>> headers;
+  req.response_handler = [&](const httplib::Response& res) {
+    for (const auto& [k, v] : res.headers) headers.emplace_back(k, v);
+    return true;
+  };
   httplib::Result r = client_->send(req);
   if (!r && !(stopped && r.error() == httplib::Error::Canceled)) return transport_error(base_url_, path, r.error());
   HttpReply reply;
   reply.status = r ? r->status : 200;
   reply.body = other + pending;
+  reply.headers = std::move(headers);
   return reply;
+}
+
+std::string HttpReply::header(std::string_view name) const {
+  auto lower = [](std::string_view t) {
+    std::string out(t);
+    for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return out;
+  };
+  const std::string want = lower(name);
+  for (const auto& [k, v] : headers)
+    if (lower(k) == want) return v;
+  return {};
 }
 
 }  // namespace siesta::cli

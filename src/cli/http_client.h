@@ -16,6 +16,8 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "common/status.h"
 
@@ -28,6 +30,9 @@ namespace siesta::cli {
 struct HttpReply {
   int status = 0;
   std::string body;   // for post_events: what was not part of an event (an error body)
+  std::vector<std::pair<std::string, std::string>> headers;  // post_events: the answer's headers
+  // The value of header `name` (case-insensitive), or empty.
+  std::string header(std::string_view name) const;
 };
 
 class HttpClient {

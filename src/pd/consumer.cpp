@@ -338,47 +338,66 @@ void Consumer::run_write_start(const RequestId& id) {
                                                                    l.deadline - ctx_.now())
                                                                    .count());
     m.logits_top = l.logits_top;
+    m.producer_engine = found->engine_id;
     // From here the producer may write into these blocks until it says otherwise.
     transition(l, LoadEvent::kAsked, "write requested from " + found->engine_id);
   }
-  auto reply = ctx_.port.send(found->address, encode(m), ctx_.message_deadline(deadline));
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = loads_.find(id);
-  if (it == loads_.end()) return;
-  Load& l = it->second;
-  if (!reply) {
-    ctx_.port.forget_prefill(source.prefill_url);
-    return fail(l, "asking the producer at " + found->address + " to write: " + reply.error().message);
-  }
-  if (!reply->ok) {
-    // The producer will not write. Whatever it may still hold for the
-    // request (its prefill may end later, after a sleep of its own), the
-    // cancel frees.
-    post_release(l.id, l.source, l.producer_address);
-    if (l.state == LoadState::kEnding) {
-      transition(l, LoadEvent::kQuiet, "the producer refused the write");
+  // A producer restarted at a cached address refuses a request naming its
+  // old engine id, and names itself: the request goes once more, to it.
+  for (int attempt = 0;; ++attempt) {
+    auto reply = ctx_.port.send(found->address, encode(m), ctx_.message_deadline(deadline));
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = loads_.find(id);
+    if (it == loads_.end()) return;
+    Load& l = it->second;
+    if (!reply) {
+      ctx_.port.forget_prefill(source.prefill_url);
+      return fail(l, "asking the producer at " + found->address + " to write: " + reply.error().message);
+    }
+    if (!reply->ok && attempt == 0 && l.state == LoadState::kAsked) {
+      auto engine = reply->body.find("engine_id");
+      if (engine != reply->body.end() && engine->is_string() && !engine->get<std::string>().empty() &&
+          engine->get<std::string>() != m.producer_engine) {
+        SIESTA_LOG_INFO("pd: the producer at {} is engine {} now, not {} (restarted); request {} asks it again",
+                        found->address, engine->get<std::string>(), m.producer_engine, l.id);
+        ctx_.port.forget_prefill(source.prefill_url);
+        m.producer_engine = engine->get<std::string>();
+        l.source.producer_engine = m.producer_engine;
+        continue;
+      }
+    }
+    if (!reply->ok) {
+      // The producer will not write. Whatever it may still hold for the
+      // request (its prefill may end later, after a sleep of its own), the
+      // cancel frees.
+      post_release(l.id, l.source, l.producer_address);
+      if (l.state == LoadState::kEnding) {
+        transition(l, LoadEvent::kQuiet, "the producer refused the write");
+        return;
+      }
+      transition(l, LoadEvent::kProducerEnded, "the producer refused the write: " + reply->reason);
+      if (l.state == LoadState::kFailed && l.waiter == Waiter::kWaiting) {
+        l.failure = reply->reason;
+        ctx_.metrics.load_failed();
+        SIESTA_LOG_WARN(
+            "pd: request {}: no remote KV (the producer refused the write: {}); it computes its prompt here", l.id,
+            reply->reason);
+      }
+      ctx_.kick();
       return;
     }
-    transition(l, LoadEvent::kProducerEnded, "the producer refused the write: " + reply->reason);
-    if (l.state == LoadState::kFailed && l.waiter == Waiter::kWaiting) {
-      l.failure = reply->reason;
-      ctx_.metrics.load_failed();
-      SIESTA_LOG_WARN("pd: request {}: no remote KV (the producer refused the write: {}); it computes its prompt here",
-                      l.id, reply->reason);
+    if (auto engine = reply->body.find("engine_id"); engine != reply->body.end() && engine->is_string() &&
+                                                     engine->get<std::string>() != l.source.producer_engine) {
+      // A producer that does not check producer_engine (an older siesta)
+      // accepted: its write and notification come from the engine it names.
+      SIESTA_LOG_INFO("pd: the producer at {} is engine {} now, not {} (restarted); request {} waits for its write",
+                      found->address, engine->get<std::string>(), l.source.producer_engine, l.id);
+      l.source.producer_engine = engine->get<std::string>();
+      ctx_.port.forget_prefill(source.prefill_url);
     }
-    ctx_.kick();
+    if (l.state == LoadState::kAsked) transition(l, LoadEvent::kAccepted, "the producer writes after its prefill");
     return;
   }
-  if (auto engine = reply->body.find("engine_id");
-      engine != reply->body.end() && engine->is_string() && engine->get<std::string>() != l.source.producer_engine) {
-    // The side channel at that address serves another engine than the lookup
-    // said (the producer restarted): its write and notification come from it.
-    SIESTA_LOG_INFO("pd: the producer at {} is engine {} now, not {} (restarted); request {} waits for its write",
-                    found->address, engine->get<std::string>(), l.source.producer_engine, l.id);
-    l.source.producer_engine = engine->get<std::string>();
-    ctx_.port.forget_prefill(source.prefill_url);
-  }
-  if (l.state == LoadState::kAsked) transition(l, LoadEvent::kAccepted, "the producer writes after its prefill");
 }
 
 void Consumer::run_read_start(const RequestId& id) {

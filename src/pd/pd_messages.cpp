@@ -127,6 +127,9 @@ Result<PdMessage> decode_object(const json& j) {
     SIESTA_ASSIGN_OR_RETURN(m.prompt, prompt_from(j, op));
     SIESTA_ASSIGN_OR_RETURN(m.deadline_unix_ms, get_int(j, op, "deadline_unix_ms", 0, INT64_MAX));
     SIESTA_ASSIGN_OR_RETURN(m.logits_top, logits_top_of(j, op));
+    if (j.contains("producer_engine")) {
+      SIESTA_ASSIGN_OR_RETURN(m.producer_engine, get_string(j, op, "producer_engine"));
+    }
     return PdMessage{std::move(m)};
   }
   if (op == "cancel") {
@@ -323,6 +326,7 @@ std::string encode(const WriteRequest& m) {
   j["prompt"] = prompt_json(m.prompt);
   j["deadline_unix_ms"] = m.deadline_unix_ms;
   if (m.logits_top > 0) j["logits_top"] = m.logits_top;
+  if (!m.producer_engine.empty()) j["producer_engine"] = m.producer_engine;
   return j.dump();
 }
 
@@ -400,8 +404,12 @@ std::string encode_ok(json fields, const LogitsRow& logits, int32_t logits_top) 
   return attach(j, logits, logits_top);
 }
 
-std::string encode_refusal(const std::string& reason) {
-  return json{{"v", kProtocolVersion}, {"ok", false}, {"reason", reason}}.dump();
+std::string encode_refusal(const std::string& reason, json fields) {
+  json j = fields.is_object() ? std::move(fields) : json::object();
+  j["v"] = kProtocolVersion;
+  j["ok"] = false;
+  j["reason"] = reason;
+  return j.dump();
 }
 
 Result<Reply> decode_reply(std::string_view payload) {

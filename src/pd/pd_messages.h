@@ -75,6 +75,11 @@ struct WriteRequest {
   PromptCheck prompt;
   int64_t deadline_unix_ms = 0;   // P starts no write after it (wall clock)
   int32_t logits_top = 0;         // the best entries of P's logits D needs (0: the whole row)
+  // The engine D's lookup of P's URL named (empty: any). A producer with
+  // another engine id (a new process at the old address) refuses the write
+  // and names itself, so that D never waits for a write whose notification
+  // it would not recognise.
+  std::string producer_engine;
 };
 
 struct CancelRequest {
@@ -129,7 +134,7 @@ struct Reply {
 // logits_top: attach only the best entries of `logits` (0: the whole row).
 std::string encode_ok(nlohmann::json fields = nlohmann::json::object(), const LogitsRow& logits = nullptr,
                       int32_t logits_top = 0);
-std::string encode_refusal(const std::string& reason);
+std::string encode_refusal(const std::string& reason, nlohmann::json fields = nlohmann::json::object());
 Result<Reply> decode_reply(std::string_view payload);
 
 // Typed fields of a reply body (kCorrupt naming the field when absent or mistyped).

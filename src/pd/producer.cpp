@@ -240,6 +240,16 @@ std::string Producer::on_write(const WriteRequest& m) {
     return encode_refusal(fmt::format("KV cache layouts differ: the consumer has '{}', this producer '{}'",
                                       m.prompt.layout, kv.layout));
   if (m.blocks.empty()) return encode_refusal("a write of no blocks");
+  if (!m.producer_engine.empty() && m.producer_engine != ctx_.port.engine_id()) {
+    // The consumer found this address through a lookup made before we
+    // started (a restart at the same address): it would not recognise our
+    // notification. Refused before anything is written; it asks again.
+    SIESTA_LOG_INFO("pd: a write request for {} expects engine {}; this is {} (restarted at the same address)",
+                    m.x_request_id, m.producer_engine, ctx_.port.engine_id());
+    return encode_refusal(fmt::format("this side channel serves engine {} now, not {} (the producer restarted)",
+                                      ctx_.port.engine_id(), m.producer_engine),
+                          {{"engine_id", ctx_.port.engine_id()}});
+  }
   const std::string key = key_of(m.x_request_id, m.choice);
   std::lock_guard<std::mutex> lock(mu_);
   auto by = by_key_.find(key);

@@ -15,24 +15,36 @@ void HealthMonitor::check_all() {
   struct Check {
     InstanceSet* set;
     size_t index;
-    std::unique_ptr<Leg> leg;
+    std::unique_ptr<Leg> health;
+    std::unique_ptr<Leg> metrics;
   };
   std::vector<Check> checks;
   const LegLimits limits{options_.timeout, options_.timeout, options_.timeout};
+  const auto asked_at = std::chrono::steady_clock::now();
   for (InstanceSet* set : sets_) {
     for (size_t i = 0; i < set->size(); ++i) {
-      LegRequest request{"GET", "/health", "", "application/json", options_.headers};
-      checks.push_back({set, i, Leg::start(set->url(i), std::move(request), limits)});
+      LegRequest health{"GET", "/health", "", "application/json", options_.headers};
+      LegRequest metrics{"GET", "/metrics", "", "text/plain", options_.headers};
+      checks.push_back({set, i, Leg::start(set->url(i), std::move(health), limits),
+                        Leg::start(set->url(i), std::move(metrics), limits)});
     }
   }
   for (Check& check : checks) {
-    Result<LegHead> head = check.leg->wait_head(nullptr);
+    Result<LegHead> head = check.health->wait_head(nullptr);
+    // The engine's state and load, when its /metrics answers (an instance
+    // without it is routed by the proxy's own count of its requests).
+    std::optional<EngineReport> report;
+    Result<LegHead> m_head = check.metrics->wait_head(nullptr);
+    if (m_head && m_head->status == 200) {
+      Result<std::string> text = check.metrics->wait_body(nullptr);
+      if (text) report = parse_engine_report(*text);
+    }
     if (!head) {
       check.set->record_health(check.index, false, head.error().message);
     } else if (head->status != 200) {
       check.set->record_health(check.index, false, "GET /health answered HTTP " + std::to_string(head->status));
     } else {
-      check.set->record_health(check.index, true, "");
+      check.set->record_health(check.index, true, "", report, asked_at);
     }
   }
 }

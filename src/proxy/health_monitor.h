@@ -1,6 +1,7 @@
-// HealthMonitor: asks every instance GET /health and records the answer in
-// its InstanceSet (200: up; anything else, or no answer in time: down, with
-// the reason).
+// HealthMonitor: asks every instance GET /health and GET /metrics and records
+// the answers in its InstanceSet (/health 200: up; anything else, or no
+// answer in time: down, with the reason; /metrics: the engine's lifecycle
+// state and load, parse_engine_report()).
 //
 // Lifecycle:
 //   1. HealthMonitor(sets, options): nothing runs yet.

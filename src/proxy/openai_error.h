@@ -20,6 +20,7 @@ inline constexpr std::string_view kInvalidApiKey = "invalid_api_key";
 inline constexpr std::string_view kAdminNotAllowed = "admin_not_allowed";
 inline constexpr std::string_view kNotFound = "not_found";
 inline constexpr std::string_view kNoInstanceUp = "no_instance_up";
+inline constexpr std::string_view kWakeTimeout = "wake_timeout";
 inline constexpr std::string_view kPrefillFailed = "prefill_failed";
 inline constexpr std::string_view kDecodeFailed = "decode_failed";
 inline constexpr std::string_view kPrefillAborted = "prefill_aborted";

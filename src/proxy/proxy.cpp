@@ -92,9 +92,12 @@ HttpServerOptions http_options(const ProxyConfig& config) {
 
 Proxy::Proxy(ProxyConfig config)
     : config_(std::move(config)),
-      prefill_(Role::kPrefill, config_.prefill),
+      prefill_(Role::kPrefill, config_.prefill, config_.affinity_slack),
       decode_(Role::kDecode, config_.decode),
-      route_ctx_{&config_, &prefill_, &decode_, &metrics_, &ids_, &stopping_},
+      sleep_({&prefill_, &decode_},
+             SleepOptions{config_.wake_on_demand, config_.wake_timeout, config_.park_idle_after,
+                          config_.connect_timeout, config_.timeout, instance_headers()}),
+      route_ctx_{&config_, &prefill_, &decode_, &metrics_, &ids_, &stopping_, &sleep_},
       health_({&prefill_, &decode_},
               HealthOptions{config_.health_interval, config_.health_timeout, instance_headers()}),
       server_(http_options(config_)) {}
@@ -123,6 +126,7 @@ Result<std::unique_ptr<Proxy>> Proxy::start(ProxyConfig config) {
   SIESTA_TRY(backlog.raise());
   proxy->health_.check_all();
   proxy->health_.start();
+  proxy->sleep_.start();
   proxy->listener_ = std::thread([raw = proxy.get()] { raw->server_.listen_after_bind(); });
   // stop() only reaches a server that is already accepting; wait for that.
   const auto deadline = Clock::now() + std::chrono::seconds(10);
@@ -142,6 +146,7 @@ void Proxy::stop() {
   if (stopping_.exchange(true)) return;
   server_.stop();
   if (listener_.joinable()) listener_.join();
+  sleep_.stop();
   health_.stop();
 }
 
@@ -160,7 +165,7 @@ bool Proxy::authorize(const httplib::Request& req, httplib::Response& res) const
     return false;
   }
   if (req.path == "/health") return true;
-  if (req.path == "/metrics" && !config_.metrics_require_key) return true;
+  if ((req.path == "/metrics" || req.path == "/status") && !config_.metrics_require_key) return true;
   if (bearer_matches(req.get_header_value("Authorization"), config_.api_key)) return true;
   reply_error(res, 401, error_code::kInvalidApiKey, "missing or wrong API key (expected \"Authorization: Bearer <key>\")");
   return false;
@@ -178,7 +183,8 @@ void Proxy::install_routes() {
     serve_generate(route_ctx_, Endpoint::kChatCompletions, req, res);
   });
   server_.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) { serve_models(req, res); });
-  server_.Get("/health", [this](const httplib::Request&, httplib::Response& res) { serve_health(res); });
+  server_.Get("/health", [this](const httplib::Request&, httplib::Response& res) { serve_health(res, false); });
+  server_.Get("/status", [this](const httplib::Request&, httplib::Response& res) { serve_health(res, true); });
   server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_.render(prefill_, decode_), "text/plain; version=0.0.4");
   });
@@ -241,6 +247,9 @@ void Proxy::serve_admin(const httplib::Request& req, const std::string& body, ht
     return std::nullopt;
   };
   AdminAnswer answer = forward_admin(*targets, request, limits, interrupt);
+  // A sleep, wake, pause or resume changed what the instances can serve: the
+  // next requests route by their states now, not at the next health round.
+  if (req.method == "POST") health_.check_all();
   res.status = answer.status;
   res.set_content(answer.body.dump(), "application/json");
 }
@@ -265,11 +274,25 @@ void Proxy::serve_models(const httplib::Request& req, httplib::Response& res) {
   res.set_content(*body, head->content_type.empty() ? "application/json" : head->content_type);
 }
 
-void Proxy::serve_health(httplib::Response& res) const {
+void Proxy::serve_health(httplib::Response& res, bool always_200) const {
   json instances = json::array();
   for (const InstanceSet* set : {&prefill_, &decode_}) {
     for (const InstanceStatus& s : set->snapshot()) {
-      json entry = {{"url", s.url.text}, {"role", role_name(s.role)}, {"up", s.up}};
+      const std::string state = !s.up ? "failing"
+                                : s.condition == Condition::kServing ? "up"
+                                                                     : condition_name(s.condition);
+      json entry = {{"url", s.url.text},
+                    {"role", role_name(s.role)},
+                    {"up", s.up},
+                    {"state", state},
+                    {"engine_state", s.engine_state.empty() ? json() : json(s.engine_state)},
+                    {"in_flight", s.in_flight},
+                    {"engine_requests", s.engine_running + s.engine_waiting},
+                    {"kv_cache_usage", s.kv_usage},
+                    {"requests", s.picked},
+                    {"failures", s.failures},
+                    {"wakes", s.wakes},
+                    {"parks", s.parks}};
       if (!s.up) entry["why_down"] = s.why_down;
       instances.push_back(std::move(entry));
     }
@@ -282,9 +305,11 @@ void Proxy::serve_health(httplib::Response& res) const {
       {"mode", proxy_mode_name(config_.mode)},
       {"prefill", {{"up", p_up}, {"total", prefill_.size()}}},
       {"decode", {{"up", d_up}, {"total", decode_.size()}}},
+      {"serving", {{"prefill", prefill_.serving_count()}, {"decode", decode_.serving_count()}}},
+      {"wake_on_demand", config_.wake_on_demand},
       {"instances", std::move(instances)},
   };
-  res.status = serving ? 200 : 503;
+  res.status = serving || always_200 ? 200 : 503;
   res.set_content(body.dump(), "application/json");
 }
 

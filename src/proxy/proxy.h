@@ -7,7 +7,9 @@
 // Endpoints:
 //   POST /v1/completions, /v1/chat/completions      routed P then D (route.h)
 //   GET  /v1/models                                 from the first decode instance up
-//   GET  /health      200 when at least one prefill and one decode instance are up, else 503
+//   GET  /health      200 when at least one prefill and one decode instance are up, else 503;
+//                     the body names each instance's state (up, asleep, paused, waking, failing) and load
+//   GET  /status      the same body, always 200 (the status page; open like /metrics)
 //   GET  /metrics     Prometheus text (proxy_metrics.h)
 //   POST /sleep /wake_up /pause /resume /reset_prefix_cache
 //        /release_kv_cache_memory /reload_weights
@@ -23,10 +25,12 @@
 //
 // Lifecycle:
 //   1. Proxy::start(config): validates, binds host:port, runs one health round
-//      (so the first requests see real states), starts the health monitor
-//      and the HTTP server's thread; port() is the bound port.
+//      (so the first requests see real states), starts the health monitor,
+//      the sleep controller (sleep_controller.h) and the HTTP server's
+//      thread; port() is the bound port.
 //   2. stop() (or the destructor): refuses new work, ends waits in progress
-//      (their clients get 503), stops the server and the monitor, joins.
+//      (their clients get 503), stops the server, the sleep controller and
+//      the monitor, joins.
 //
 // Threads: start/stop/port from the owner; everything else runs on the
 // server's worker threads (one per request being served, up to
@@ -46,6 +50,7 @@
 #include "proxy/proxy_metrics.h"
 #include "proxy/request_id.h"
 #include "proxy/route.h"
+#include "proxy/sleep_controller.h"
 
 namespace siesta::proxy {
 
@@ -64,7 +69,7 @@ class Proxy {
   void install_routes();
   void serve_admin(const httplib::Request& req, const std::string& body, httplib::Response& res);
   void serve_models(const httplib::Request& req, httplib::Response& res);
-  void serve_health(httplib::Response& res) const;
+  void serve_health(httplib::Response& res, bool always_200) const;
   // Whether the request may go on; false after answering 401 or 403.
   bool authorize(const httplib::Request& req, httplib::Response& res) const;
   std::vector<std::pair<std::string, std::string>> instance_headers() const;
@@ -75,6 +80,7 @@ class Proxy {
   ProxyMetrics metrics_;
   RequestIdSource ids_;
   std::atomic<bool> stopping_{false};
+  SleepController sleep_;
   RouteContext route_ctx_;
   HealthMonitor health_;
   HttpServer server_;

@@ -31,6 +31,13 @@ Result<void> validate_proxy_config(const ProxyConfig& config) {
   if (config.max_connections == 0) return invalid_argument("--max-connections: must be positive");
   if (config.metrics_require_key && config.api_key.empty())
     return invalid_argument("--metrics-require-key: needs --api-key (the key /metrics would require)");
+  if (config.retries < 0 || config.retries > 8) return invalid_argument("--retries: expected 0-8");
+  if (config.wake_timeout.count() <= 0) return invalid_argument("--wake-timeout-s: must be positive");
+  if (config.park_idle_after && config.park_idle_after->count() <= 0)
+    return invalid_argument("--park-idle-after: must be positive");
+  if (config.park_idle_after && !config.wake_on_demand)
+    return invalid_argument("--park-idle-after: needs --wake-on-demand (parked instances are woken only by it; "
+                            "without it the proxy would stop serving once every instance of a role is parked)");
   return {};
 }
 

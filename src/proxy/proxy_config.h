@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,6 +43,21 @@ struct ProxyConfig {
   bool allow_unauthenticated_admin = false;
   // With api_key: /metrics needs it too (as siesta serve's --metrics-require-key).
   bool metrics_require_key = false;
+  // Sleep mode (sleep_controller.h): wake an instance when every one of a
+  // role is asleep, holding the request up to wake_timeout; put one with no
+  // traffic for park_idle_after to sleep (level 1; needs wake_on_demand).
+  bool wake_on_demand = false;
+  std::chrono::milliseconds wake_timeout{60'000};
+  std::optional<std::chrono::milliseconds> park_idle_after;
+  // Prefill choice by prompt prefix (instance_set.h): prompts whose first
+  // prefix_affinity_chars characters agree go to the same prefill instance
+  // while its load is within affinity_slack requests of the least loaded one.
+  // 0: by load only.
+  size_t prefix_affinity_chars = 256;
+  // Tries more on other instances for a request whose try failed before
+  // anything reached its client, at an instance now marked down (route.h).
+  int retries = 0;
+  uint64_t affinity_slack = 2;
   size_t max_connections = 128;                      // client requests served at once (one thread each)
   // How client requests are read: limits, deadlines, connection limits
   // (common/http_server.h); its worker_threads is replaced by max_connections.

@@ -3,8 +3,14 @@
 //
 //   1. Parse the client's body: 400 unless it is a JSON object whose "stream",
 //      if present, is a boolean.
-//   2. Pick a prefill and a decode instance, round robin among those up; 503
-//      naming every instance's state when a role has none up.
+//   2. Pick a prefill and a decode instance, the least loaded of those up and
+//      serving (instance_set.h; prefill by prompt prefix where that pays).
+//      When every instance of a role that is up is asleep and the proxy wakes
+//      on demand, wake one (sleep_controller.h) and hold the request until it
+//      serves, up to wake_timeout (then 503 wake_timeout). 503 no_instance_up
+//      naming every instance's state when a role has none that can serve.
+//      From here every answer carries x-siesta-prefill and x-siesta-decode
+//      (the instances' URLs) and, after a wait for a wake, x-siesta-wake-wait-ms.
 //   3. Start the prefill leg (pd_request.h), and in concurrent mode the decode
 //      leg at the same time; both carry the same X-Request-Id.
 //   4. Check prefill's answer. No answer in time, a broken connection, an
@@ -31,6 +37,7 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -39,6 +46,7 @@
 #include "proxy/proxy_config.h"
 #include "proxy/proxy_metrics.h"
 #include "proxy/request_id.h"
+#include "proxy/sleep_controller.h"
 
 namespace siesta::proxy {
 
@@ -49,7 +57,13 @@ struct RouteContext {
   ProxyMetrics* metrics = nullptr;
   RequestIdSource* ids = nullptr;
   const std::atomic<bool>* stopping = nullptr;
+  SleepController* sleep = nullptr;
 };
+
+// The affinity key of a request body: a hash of the first `chars` characters
+// of its prompt ("prompt", or the chat "messages" as JSON text); nullopt when
+// the prompt is shorter, or chars is 0.
+std::optional<uint64_t> prefix_affinity(const nlohmann::json& body, size_t chars);
 
 void serve_generate(const RouteContext& ctx, Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
 

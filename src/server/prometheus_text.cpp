@@ -129,6 +129,16 @@ std::string render_prometheus(const EngineMetricsSnapshot& s, const std::string&
               s.e2e_request_latency);
   f.gauge("siesta:kv_blocks_in_use", "KV-cache blocks referenced by a request or a hold.", s.num_kv_blocks_in_use);
   add_sleep_state(f, options.state);
+  // The lifecycle state by name (running, draining, paused, sleeping_level_1, ...), one series at 1: what
+  // `siesta proxy` reads to route around engines that are asleep, paused or draining.
+  f.all.push_back(MetricFamily{"siesta:engine_state", "Engine lifecycle state; the series labelled with the current "
+                               "state is 1.", MetricType::Gauge, {}});
+  {
+    ClientMetric m;
+    m.label = {{"model_name", f.model}, {"state", engine_state_name(options.state)}};
+    m.gauge.value = 1;
+    f.all.back().metric.push_back(std::move(m));
+  }
   const KvTransferMetrics& kv = s.kv_transfer;
   if (kv.enabled) {
     f.gauge("siesta:kv_blocks_held_for_remote", "KV-cache blocks a prefill engine holds for remote readers.",

@@ -129,7 +129,7 @@ Result<std::unique_ptr<TransferEngine>> TransferEngine::create(const TransferCon
   if (config.engine_id.empty()) return invalid_argument("transfer engine needs an engine_id");
   auto impl = std::make_unique<Impl>(config);
   SIESTA_ASSIGN_OR_RETURN(impl->table, RegionTable::create(config.max_regions, "siesta-region-table"));
-  impl->table->set_epoch(Epoch{1});
+  impl->table->set_epoch(first_epoch());
   SIESTA_ASSIGN_OR_RETURN(impl->backend, make_transfer_backend(config, *impl->table));
   if (config.sleep_mode && !impl->backend->supports_sleep())
     return invalid_argument(fmt::format("sleep mode needs a transfer backend that can re-register memory, and '{}' "

@@ -111,6 +111,28 @@ def table_output():
 checks.check("demo prints the table and its verdict", table_output)
 
 
+def fleet_json():
+    rc, out, err = run([args.siesta, "demo", "--fleet", "--device", "cpu", "--max-tokens", "6", "--json"], timeout=600)
+    assert rc == 0, f"demo --fleet exit {rc}; stdout {out[-2000:]!r}; stderr {err[-2000:]!r}"
+    j = json.loads(out)
+    reqs = j["requests"]
+    assert j["fleet"] is True and len(reqs) == 8, j
+    for r in reqs:
+        assert r["ok"] and r["equal_colocated"], r
+        assert r["prefill"].startswith("http://127.0.0.1:") and r["decode"].startswith("http://127.0.0.1:"), r
+    # Two prefill and two decode engines served, as the proxy's headers name them.
+    assert len({r["prefill"] for r in reqs}) == 2 and len({r["decode"] for r in reqs}) == 2, reqs
+    assert not set(r["prefill"] for r in reqs) & set(r["decode"] for r in reqs)
+    # Both P were put to sleep: the next request waited for a wake, the one after it did not.
+    woke, after = reqs[-2], reqs[-1]
+    assert woke["wake_wait_ms"] > 0 and after["wake_wait_ms"] == 0, (woke, after)
+    assert all(r["wake_wait_ms"] == 0 for r in reqs[:-2]), reqs
+
+
+checks.check("demo --fleet: 2 P + 2 D, every output equals colocated, the engines named, one wake waited for",
+             fleet_json)
+
+
 def ctrl_c_stops_children():
     work = tempfile.mkdtemp(prefix="siesta-demo-test-")
     try:

@@ -632,6 +632,15 @@ try:
         rc, _, err = run([SIESTA, "proxy", "--prefill", P[0].url, "--decode", D[0].url, "--port", str(seq.port)],
                          timeout=20)
         expect_clean_error(rc, err, "cannot listen")
+        rc, _, err = run([SIESTA, "proxy", "--prefill", P[0].url, "--decode", D[0].url, "--park-idle-after", "5"],
+                         timeout=20)
+        expect_clean_error(rc, err, "--park-idle-after: needs --wake-on-demand")
+        rc, _, err = run([SIESTA, "proxy", "--prefill", P[0].url, "--decode", D[0].url, "--wake-on-demand",
+                          "--wake-timeout-s", "0"], timeout=20)
+        expect_clean_error(rc, err, "--wake-timeout-s")
+        rc, _, err = run([SIESTA, "proxy", "--prefill", P[0].url, "--decode", D[0].url, "--retries", "9"],
+                         timeout=20)
+        expect_clean_error(rc, err, "--retries")
 
     def proxy_stops_cleanly_on_sigterm():
         proxy = ProxyProcess(P, D)

@@ -369,6 +369,27 @@ TEST(PdConsumer, AProducerRestartedAtTheSameAddressIsFollowedAtItsFirstAnswer) {
   EXPECT_EQ(c.state(), LoadState::kLoaded);
 }
 
+TEST(PdConsumer, AWriteRequestNamesTheLookedUpProducerAndARestartedOneIsAskedAgainBeforeItWrites) {
+  ConsumerCase c(TransferMode::kWrite);
+  // The cached lookup names prefill-0; a new process answers at its address
+  // and refuses a request meant for the old one, naming itself.
+  std::vector<std::string> expected;
+  c.h.port.responder = [&expected](const PdMessage& m) -> std::optional<std::string> {
+    if (const auto* w = std::get_if<WriteRequest>(&m)) {
+      expected.push_back(w->producer_engine);
+      if (w->producer_engine != "prefill-0-restarted")
+        return encode_refusal("this side channel serves engine prefill-0-restarted now",
+                              {{"engine_id", "prefill-0-restarted"}});
+      return encode_ok({{"engine_id", "prefill-0-restarted"}});
+    }
+    return std::nullopt;
+  };
+  c.drive_to(LoadState::kAwaitingWrite);
+  EXPECT_EQ(expected, (std::vector<std::string>{kProducerEngine, "prefill-0-restarted"}));
+  c.consumer.on_written(Written{"r1", 3072, nullptr, 0}, "prefill-0-restarted");
+  EXPECT_EQ(c.state(), LoadState::kLoaded);
+}
+
 TEST(PdConsumer, AnEndingWriteLoadIsQuietWhenTheProducerSaysItIsNotWritingOrAtTheWriteGrace) {
   {
     ConsumerCase c(TransferMode::kWrite);
@@ -569,6 +590,35 @@ struct ProducerCase {
   Producer producer;
   EngineRequest r;
 };
+
+TEST(PdProducer, AWriteRequestForAnotherEngineIsRefusedWithThisEnginesIdAndNothingIsWritten) {
+  ProducerCase c(TransferMode::kWrite);
+  c.prefilled();
+  WriteRequest w;
+  w.x_request_id = "x-p-r1";
+  w.consumer_request = "d-r1";
+  w.consumer_engine = "decode-0";
+  w.consumer_address = "10.0.0.2:7002";
+  w.region = 7;
+  w.epoch = 9;
+  w.blocks = {0, 1, 2};
+  w.prompt = PromptCheck{40, prompt_hash(c.r.prompt_tokens), "test-layout", 1024};
+  w.deadline_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count() +
+                       4000;
+  w.producer_engine = "prefill-0-before-restart";
+  auto refused = decode_reply(c.producer.on_write(w));
+  ASSERT_TRUE(refused);
+  EXPECT_FALSE(refused->ok);
+  EXPECT_EQ(refused->body.value("engine_id", ""), kProducerEngine);
+  EXPECT_EQ(c.state(), SendState::kReady);  // no write started
+  w.producer_engine = kProducerEngine;
+  auto accepted = decode_reply(c.producer.on_write(w));
+  ASSERT_TRUE(accepted);
+  EXPECT_TRUE(accepted->ok);
+  EXPECT_EQ(c.state(), SendState::kWriting);
+}
 
 TEST(PdProducer, AWaitingSendSurvivesARelease_AbortOrCancelEndItAndNoBlocksStayHeld) {
   {

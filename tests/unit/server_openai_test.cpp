@@ -468,7 +468,8 @@ TEST(PrometheusText, SleepStateAndVllmNames) {
   std::string text = render_prometheus(m.snapshot(), "tiny", o);
   for (const char* needle : {"siesta:engine_sleep_state{model_name=\"tiny\",sleep_state=\"awake\"} 0",
                              "siesta:engine_sleep_state{model_name=\"tiny\",sleep_state=\"weights_offloaded\"} 1",
-                             "siesta:engine_sleep_state{model_name=\"tiny\",sleep_state=\"discard_all\"} 0"})
+                             "siesta:engine_sleep_state{model_name=\"tiny\",sleep_state=\"discard_all\"} 0",
+                             "siesta:engine_state{model_name=\"tiny\",state=\"sleeping_level_1\"} 1"})
     EXPECT_NE(text.find(needle), std::string::npos) << needle << "\n" << text;
   EXPECT_EQ(text.find("vllm:"), std::string::npos);
   o.vllm_names = true;

@@ -21,6 +21,7 @@ std::string encode_guarded_request(const GuardedRequest& r) {
   w.u64(r.initiator);
   w.u64(r.token);
   w.u64(r.epoch.value);
+  w.u64(r.expires_unix_ms);
   w.u32(static_cast<uint32_t>(r.ranges.size()));
   for (const GuardedRange& g : r.ranges) {
     w.u64(g.region.value);
@@ -37,6 +38,7 @@ Result<GuardedRequest> decode_guarded_request(const void* header, size_t bytes) 
   r.initiator = in.u64();
   r.token = in.u64();
   r.epoch.value = in.u64();
+  r.expires_unix_ms = in.u64();
   uint32_t n = in.count(kRangeBytes, kGuardedMaxRanges);
   r.ranges.resize(n);
   uint64_t total = 0;

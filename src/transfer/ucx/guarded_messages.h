@@ -57,6 +57,11 @@ struct GuardedRequest {
   uint64_t initiator = 0;  // the key of its kStagedHello
   uint64_t token = 0;      // the initiator's name for this message
   Epoch epoch;             // of the initiator's descriptor of the owner
+  // The transfer's deadline on the wall clock (ms since 1970; 0: none). The
+  // owner copies nothing of a request that arrives after it: the initiator
+  // has failed the transfer by then, and its peer may have reused the
+  // memory (a write held in a cut link's retransmissions lands seconds late).
+  uint64_t expires_unix_ms = 0;
   std::vector<GuardedRange> ranges;
 
   uint64_t bytes() const;

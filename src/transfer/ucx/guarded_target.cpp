@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -103,6 +104,14 @@ ucs_status_t GuardedTarget::on_read(void* arg, const void* header, size_t header
 }
 
 Ok GuardedTarget::serve(const GuardedRequest& r, const char* in, std::string* out) {
+  if (r.expires_unix_ms != 0) {
+    const auto now = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                               std::chrono::system_clock::now().time_since_epoch())
+                                               .count());
+    if (now > r.expires_unix_ms)
+      return timeout(fmt::format("a guarded {} arrived {} ms after its transfer's deadline; nothing copied",
+                                 in != nullptr ? "write" : "read", now - r.expires_unix_ms));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   const auto* words = static_cast<const uint64_t*>(table_.base());
   size_t nwords = table_.bytes() / sizeof(uint64_t);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "transfer/ucx/guarded_messages.h"
@@ -14,7 +15,7 @@ namespace siesta::transfer::ucx {
 
 namespace {
 
-constexpr size_t kRequestFixedBytes = 8 + 8 + 8 + 4;  // initiator, token, epoch, count
+constexpr size_t kRequestFixedBytes = 8 + 8 + 8 + 8 + 4;  // initiator, token, epoch, expiry, count
 constexpr size_t kRangeBytes = 8 + 4 + 8 + 8;         // region, slot, offset, bytes
 
 
@@ -22,6 +23,15 @@ constexpr size_t kRangeBytes = 8 + 4 + 8 + 8;         // region, slot, offset, b
 size_t ranges_per_message(size_t max_am_header) {
   if (max_am_header < kRequestFixedBytes + kRangeBytes) return 0;
   return std::min<size_t>(kGuardedMaxRanges, (max_am_header - kRequestFixedBytes) / kRangeBytes);
+}
+
+// A deadline of the steady clock on the wall clock, in ms since 1970.
+uint64_t unix_ms_at(Deadline deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count();
+  return static_cast<uint64_t>(std::max<int64_t>(1, now + left));
 }
 
 }  // namespace
@@ -68,7 +78,8 @@ void UcxPeer::send_guarded(UcxXfer* x) {
          x->guarded_sent - x->guarded_answered < kGuardedMessagesInFlight) {
     GuardedMessage& m = x->guarded[x->guarded_sent++];
     m.token = backend_.await_reply(&m);
-    m.header = encode_guarded_request(GuardedRequest{initiator_key_, m.token, meta_.epoch, std::move(m.ranges)});
+    m.header = encode_guarded_request(
+        GuardedRequest{initiator_key_, m.token, meta_.epoch, unix_ms_at(x->plan.deadline), std::move(m.ranges)});
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     p.cb.send = on_xfer_request_done;  // a message left; its answer may come before or after
