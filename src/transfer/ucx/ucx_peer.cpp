@@ -66,6 +66,36 @@ void close_ep(ucp_ep_h ep, EndpointContext* ctx, bool force, std::function<void(
   }
 }
 
+// Closes `ep`, then destroys `rkeys` and runs `closed`. A request that still
+// waits in the endpoint's queue reads its rkey until the close completes it
+// (a forced close fails such requests, a flushing one sends them), so a key
+// goes only after its endpoint; without an endpoint, at once.
+void close_ep_then_destroy(ucp_ep_h ep, EndpointContext* ctx, bool force, std::vector<ucp_rkey_h> rkeys,
+                           std::function<void()> closed) {
+  auto destroy = [rkeys = std::move(rkeys), closed = std::move(closed)] {
+    for (ucp_rkey_h r : rkeys)
+      if (r != nullptr) ucp_rkey_destroy(r);
+    if (closed) closed();
+  };
+  if (ep == nullptr) {
+    destroy();
+    return;
+  }
+  close_ep(ep, ctx, force, std::move(destroy));
+}
+
+// The peer's keys, moved out: the region keys' slots stay, null.
+std::vector<ucp_rkey_h> take_rkeys(std::vector<ucp_rkey_h>& region_keys, ucp_rkey_h& table_key) {
+  std::vector<ucp_rkey_h> keys;
+  for (ucp_rkey_h& r : region_keys) {
+    if (r != nullptr) keys.push_back(r);
+    r = nullptr;
+  }
+  if (table_key != nullptr) keys.push_back(table_key);
+  table_key = nullptr;
+  return keys;
+}
+
 }  // namespace
 
 UcxPeer::UcxPeer(UcxBackend& backend, EngineMeta meta, std::string worker_address, RemoteTable table,
@@ -82,15 +112,10 @@ bool UcxPeer::process_exited() const { return siesta::transfer::process_exited(p
 UcxPeer::~UcxPeer() {
   if (process_watch_ >= 0) close(process_watch_);
   // release() normally closed everything; otherwise close it now without us.
-  std::vector<ucp_rkey_h> rkeys = std::move(rkeys_);
-  if (table_rkey_ != nullptr) rkeys.push_back(table_rkey_);
+  std::vector<ucp_rkey_h> rkeys = take_rkeys(rkeys_, table_rkey_);
   ucp_ep_h ep = ep_;
   EndpointContext* ctx = ep_context_;
-  auto cleanup = [rkeys, ep, ctx] {
-    for (ucp_rkey_h r : rkeys)
-      if (r != nullptr) ucp_rkey_destroy(r);
-    if (ep != nullptr) close_ep(ep, ctx, true, nullptr);
-  };
+  auto cleanup = [rkeys, ep, ctx] { close_ep_then_destroy(ep, ctx, true, rkeys, nullptr); };
   if (rkeys.empty() && ep == nullptr) return;
   if (backend_.worker().on_worker_thread()) {
     cleanup();
@@ -403,18 +428,13 @@ void UcxPeer::break_connection(const Status& why, bool peer_gone) {
       if (x->outstanding == 0) backend_.ready(x);
     return;
   }
-  for (ucp_rkey_h& r : rkeys_) {
-    if (r != nullptr) ucp_rkey_destroy(r);
-    r = nullptr;
-  }
-  if (table_rkey_ != nullptr) ucp_rkey_destroy(table_rkey_);
-  table_rkey_ = nullptr;
-  if (ep_ != nullptr) {
+  {
     ucp_ep_h ep = ep_;
     ep_ = nullptr;
     EndpointContext* ctx = ep_context_;
     ep_context_ = nullptr;
-    close_ep(ep, ctx, true, nullptr);  // cancels what is in flight: their callbacks fail them
+    // Forced: cancels what is in flight, whose callbacks fail them.
+    close_ep_then_destroy(ep, ctx, true, take_rkeys(rkeys_, table_rkey_), nullptr);
   }
   // Transfers between stages (no request outstanding) fail on the next tick.
   // Without peer error handling a forced close does not complete the
@@ -484,21 +504,12 @@ Ok UcxPeer::release(Deadline deadline) {
   backend_.worker().post([self, closed] {
     if (self->initiator_key_ != 0 && self->ep_ != nullptr)  // before the close flushes
       self->send_key(kStagedBye, encode_initiator_key(self->initiator_key_), {});
-    for (ucp_rkey_h& r : self->rkeys_) {
-      if (r != nullptr) ucp_rkey_destroy(r);
-      r = nullptr;
-    }
-    if (self->table_rkey_ != nullptr) ucp_rkey_destroy(self->table_rkey_);
-    self->table_rkey_ = nullptr;
-    if (self->ep_ == nullptr) {
-      closed->set(true);
-      return;
-    }
     ucp_ep_h ep = self->ep_;
     self->ep_ = nullptr;
     EndpointContext* ctx = self->ep_context_;
     self->ep_context_ = nullptr;
-    close_ep(ep, ctx, false, [closed] { closed->set(true); });
+    close_ep_then_destroy(ep, ctx, false, take_rkeys(self->rkeys_, self->table_rkey_),
+                          [closed] { closed->set(true); });
   });
   if (!closed->wait_until(deadline + kReleaseGrace))
     return timeout(fmt::format("closing the UCX endpoint to peer {} did not finish before the deadline",
