@@ -88,10 +88,8 @@ def http_request(port, method, path, body=None, headers=None, timeout=60):
         conn.close()
 
 
-def metrics(port):
-    """{name or name{labels}: value} of a /metrics page (model_name label dropped)."""
-    status, raw = http_request(port, "GET", "/metrics", timeout=10)
-    assert status == 200, status
+def parse_metrics(raw):
+    """{name or name{labels}: value} of a /metrics page's bytes (model_name label dropped)."""
     out = {}
     for line in raw.decode().splitlines():
         if not line or line.startswith("#"):
@@ -100,6 +98,13 @@ def metrics(port):
         name = re.sub(r',?model_name="[^"]*"', "", name).replace("{}", "").replace("{,", "{")
         out[name] = float(value)
     return out
+
+
+def metrics(port):
+    """parse_metrics of 127.0.0.1:port's /metrics."""
+    status, raw = http_request(port, "GET", "/metrics", timeout=10)
+    assert status == 200, status
+    return parse_metrics(raw)
 
 
 def post_without_length(port, path, headers=b"", timeout=60):

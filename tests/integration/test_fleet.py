@@ -52,7 +52,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from siesta_test_util import Checks  # noqa: E402
+from siesta_test_util import Checks, parse_metrics  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--siesta", required=True)
@@ -180,17 +180,6 @@ def request(host, port, method, path, body=None, headers=None, timeout=30):
         return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
     finally:
         conn.close()
-
-
-def parse_metrics(raw):
-    out = {}
-    for line in raw.decode().splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name, value = line.rsplit(" ", 1)
-        name = re.sub(r',?model_name="[^"]*"', "", name).replace("{}", "").replace("{,", "{")
-        out[name] = float(value)
-    return out
 
 
 class Outcome:
