@@ -43,4 +43,11 @@ Result<void> check_invalidate(const InvalidateMsg& msg, const RequestOrigin& fro
   return {};
 }
 
+Result<void> check_sender(FrameType type, const std::string& claimed, const RequestOrigin& from) {
+  if (from.engine_id.empty() || from.engine_id == claimed) return {};
+  return invalid_argument(fmt::format("{} says it comes from engine {} but its sender proved engine {}; an engine "
+                                      "speaks only for itself",
+                                      frame_type_name(type), claimed, from.engine_id));
+}
+
 }  // namespace siesta::transfer

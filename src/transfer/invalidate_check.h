@@ -34,4 +34,11 @@ inline constexpr uint64_t kInvalidateEpochSlack = 1024;
 Result<void> check_invalidate(const InvalidateMsg& msg, const RequestOrigin& from, std::optional<Epoch> held,
                               const std::string& known_address);
 
+// Whether a GET_META, NOTIFY or MESSAGE that says it comes from `claimed` was
+// sent by that engine: on an authenticated side channel the id its sender
+// proved must be `claimed` (a peer holding the key may not speak for another
+// engine: register a reply address under its name, deliver notifications
+// or P/D messages as it); without authentication there is nothing to compare.
+Result<void> check_sender(FrameType type, const std::string& claimed, const RequestOrigin& from);
+
 }  // namespace siesta::transfer

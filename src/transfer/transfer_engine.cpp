@@ -69,10 +69,10 @@ class TransferEngine::Impl {
 
   Result<std::string> handshake(const std::string& peer_address, Deadline deadline);
   Result<Frame> on_request(const Frame& request, const RequestOrigin& from);
-  Result<Frame> on_get_meta(const Frame& request);
+  Result<Frame> on_get_meta(const Frame& request, const RequestOrigin& from);
   Result<Frame> on_invalidate(const Frame& request, const RequestOrigin& from);
-  Result<Frame> on_notify(const Frame& request);
-  Result<Frame> on_message(const Frame& request);
+  Result<Frame> on_notify(const Frame& request, const RequestOrigin& from);
+  Result<Frame> on_message(const Frame& request, const RequestOrigin& from);
 
   EngineMeta metadata_locked() const;
   // The only place a peer's state changes.
@@ -694,10 +694,10 @@ TransferStats TransferEngine::stats() const {
 
 Result<Frame> TransferEngine::Impl::on_request(const Frame& request, const RequestOrigin& from) {
   switch (request.type) {
-    case FrameType::kGetMeta: return on_get_meta(request);
+    case FrameType::kGetMeta: return on_get_meta(request, from);
     case FrameType::kInvalidate: return on_invalidate(request, from);
-    case FrameType::kNotify: return on_notify(request);
-    case FrameType::kMessage: return on_message(request);
+    case FrameType::kNotify: return on_notify(request, from);
+    case FrameType::kMessage: return on_message(request, from);
     case FrameType::kMeta:
     case FrameType::kAck:
     case FrameType::kError:
@@ -710,8 +710,20 @@ Result<Frame> TransferEngine::Impl::on_request(const Frame& request, const Reque
                              frame_type_name(request.type)));
 }
 
-Result<Frame> TransferEngine::Impl::on_get_meta(const Frame& request) {
+namespace {
+
+// The answer to a request whose sender spoke for another engine (check_sender).
+Frame refused_sender(const Status& why, const RequestOrigin& from) {
+  SIESTA_LOG_WARN("transfer engine: refused a request from {}: {}", from.address, why.message);
+  return error_frame(why);
+}
+
+}  // namespace
+
+Result<Frame> TransferEngine::Impl::on_get_meta(const Frame& request, const RequestOrigin& from) {
   SIESTA_ASSIGN_OR_RETURN(GetMetaMsg msg, decode_get_meta(request.payload));
+  if (Result<void> sender = check_sender(request.type, msg.from_engine, from); !sender)
+    return refused_sender(sender.error(), from);
   std::lock_guard<std::mutex> lock(mu);
   if (handshakes_closed)
     return error_frame(unavailable(fmt::format("engine {} is releasing its memory (it invalidated its peers); "
@@ -765,8 +777,10 @@ Result<Frame> TransferEngine::Impl::on_invalidate(const Frame& request, const Re
   return to_frame(AckMsg{config.engine_id, msg.epoch});
 }
 
-Result<Frame> TransferEngine::Impl::on_notify(const Frame& request) {
+Result<Frame> TransferEngine::Impl::on_notify(const Frame& request, const RequestOrigin& from) {
   SIESTA_ASSIGN_OR_RETURN(NotifyMsg msg, decode_notify(request.payload));
+  if (Result<void> sender = check_sender(request.type, msg.from_engine, from); !sender)
+    return refused_sender(sender.error(), from);
   std::lock_guard<std::mutex> lock(mu);
   Epoch now = table->epoch();
   if (msg.target_epoch != now)
@@ -778,8 +792,10 @@ Result<Frame> TransferEngine::Impl::on_notify(const Frame& request) {
   return to_frame(AckMsg{config.engine_id, now});
 }
 
-Result<Frame> TransferEngine::Impl::on_message(const Frame& request) {
+Result<Frame> TransferEngine::Impl::on_message(const Frame& request, const RequestOrigin& from) {
   SIESTA_ASSIGN_OR_RETURN(PeerMessage msg, decode_peer_message(request.payload));
+  if (Result<void> sender = check_sender(request.type, msg.from_engine, from); !sender)
+    return refused_sender(sender.error(), from);
   MessageHandler handler;
   {
     std::lock_guard<std::mutex> lock(mu);

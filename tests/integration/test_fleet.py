@@ -449,7 +449,7 @@ try:
         engines = {h: f.result() for h, f in started.items()}
     P0, P1, D0, D1 = engines["p0"], engines["p1"], engines["d0"], engines["d1"]
     common = ["--mode", "concurrent", "--timeout-s", str(PROXY_TIMEOUT_S), "--health-interval-s", "0.3",
-              "--health-timeout-s", "1", "--allow-unauthenticated-admin", "--port", "0"]
+              "--health-timeout-s", "3", "--allow-unauthenticated-admin", "--port", "0"]
     fleet = Proc("proxy-fleet", ["proxy", "--prefill", f"{P0.url},{P1.url}", "--decode", f"{D0.url},{D1.url}",
                                  "--wake-on-demand", "--wake-timeout-s", "20", "--retries", "1", *common])
     pinned = Proc("proxy-pinned", ["proxy", "--prefill", P0.url, "--decode", D0.url, "--retries", "0",

@@ -256,6 +256,19 @@ TEST(InvalidateCheck, OnlyTheEngineNamedWithAnEpochThatFollows) {
                                RequestOrigin{"", "decode-0"}, Epoch{5}, ""));
 }
 
+TEST(InvalidateCheck, AnAuthenticatedSenderSpeaksOnlyForItself) {
+  EXPECT_TRUE(check_sender(FrameType::kNotify, "decode-0", RequestOrigin{"127.0.0.1:5000", "decode-0"}));
+  // Without authentication there is no proved id to compare.
+  EXPECT_TRUE(check_sender(FrameType::kNotify, "decode-0", RequestOrigin{"127.0.0.1:5000", ""}));
+  for (FrameType t : {FrameType::kGetMeta, FrameType::kNotify, FrameType::kMessage}) {
+    auto other = check_sender(t, "decode-0", RequestOrigin{"127.0.0.1:5000", "mallory"});
+    ASSERT_FALSE(other);
+    EXPECT_EQ(other.error().code, ErrorCode::kInvalidArgument);
+    EXPECT_NE(other.error().message.find(frame_type_name(t)), std::string::npos) << other.error().message;
+    EXPECT_NE(other.error().message.find("proved engine mallory"), std::string::npos) << other.error().message;
+  }
+}
+
 // Two engines in this process, with memfd regions (ipc backend).
 struct Memfd {
   explicit Memfd(size_t n) : bytes(n) {
@@ -330,6 +343,19 @@ TEST(SideChannelAuth, SpoofedInvalidatesChangeNothingAndTheRealOneWorks) {
   EXPECT_NE(decode_error(a3->payload)->message.find("does not follow"), std::string::npos);
   EXPECT_EQ(*(*p)->peer_state("decode-0"), PeerState::kReady);
   EXPECT_EQ((*p)->peer_meta("decode-0")->epoch, held);
+  EXPECT_TRUE(write_works());
+  // 4. The key, speaking for D in the other requests: a notification P would
+  // hand its connector as D's, a reply address registered under D's name.
+  // (The sender is checked before the notification's epoch.)
+  for (const Frame& f : {to_frame(NotifyMsg{"decode-0", Epoch{0}, "spoofed"}),
+                         to_frame(GetMetaMsg{"decode-0", "10.0.0.9:1"}), to_frame(PeerMessage{"decode-0", "spoofed"})}) {
+    auto answer = mallory->request((*p)->address(), f, deadline_after(5000ms));
+    ASSERT_TRUE(answer);
+    ASSERT_EQ(answer->type, FrameType::kError) << frame_type_name(f.type);
+    EXPECT_NE(decode_error(answer->payload)->message.find("speaks only for itself"), std::string::npos);
+  }
+  EXPECT_TRUE((*p)->take_notifications().empty());
+  EXPECT_EQ(*(*p)->peer_state("decode-0"), PeerState::kReady);
   EXPECT_TRUE(write_works());
 
   // D's own INVALIDATE (it sleeps): P drops the descriptor, and handshakes
