@@ -74,18 +74,63 @@ class SiestaProcess:
         return self.proc.returncode
 
 
-def http_request(port, method, path, body=None, headers=None, timeout=60):
-    """(status, body bytes) of one request to 127.0.0.1:port; body is sent as JSON."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+def http_exchange(host, port, method, path, body=None, headers=None, timeout=60):
+    """(status, headers {lowercase name: value}, body bytes) of one request; a dict or list body is sent as
+    JSON, bytes as they are."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
-        data = json.dumps(body).encode() if body is not None else None
+        data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
         h = {"Content-Type": "application/json"} if data is not None else {}
         h.update(headers or {})
         conn.request(method, path, body=data, headers=h)
         r = conn.getresponse()
-        return r.status, r.read()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
     finally:
         conn.close()
+
+
+def http_request(port, method, path, body=None, headers=None, timeout=60):
+    """(status, body bytes) of one request to 127.0.0.1:port; body is sent as JSON."""
+    status, _, raw = http_exchange("127.0.0.1", port, method, path, body, headers, timeout)
+    return status, raw
+
+
+def completion_outcome(status, raw, stream):
+    """What a client makes of one completion answer, streamed or not, for choice 0:
+    ("done", "", token ids) or ("error", what went wrong, None); an answer vLLM ended with
+    finish_reason abort is an error."""
+    if status != 200:
+        try:
+            err = json.loads(raw)["error"]
+            return "error", f"HTTP {status} {err['code']}: {err['message']}", None
+        except Exception:  # noqa: BLE001 - an unreadable error body is itself the finding
+            return "error", f"HTTP {status}, unreadable error body {raw[:200]!r}", None
+    if not stream:
+        c = json.loads(raw)["choices"][0]
+        if c["finish_reason"] == "abort":
+            return "error", "finish_reason abort", None
+        return "done", "", c.get("token_ids")
+    ids, finish, error = [], None, None
+    lines = raw.decode().splitlines()
+    if "data: [DONE]" not in lines:
+        return "error", "the stream ended without [DONE]", None
+    for line in lines:
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        if "error" in chunk:
+            error = chunk["error"].get("message") or "an error event without a message"
+            continue
+        for c in chunk.get("choices", []):
+            if c.get("index", 0) != 0:
+                continue
+            ids += c.get("token_ids") or []
+            finish = c.get("finish_reason") or finish
+    if error:
+        return "error", f"stream error: {error}", None
+    if finish == "abort":
+        return "error", "finish_reason abort", None
+    return "done", "", ids
 
 
 def parse_metrics(raw):

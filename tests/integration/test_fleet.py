@@ -52,7 +52,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from siesta_test_util import Checks, parse_metrics  # noqa: E402
+from siesta_test_util import Checks, completion_outcome, http_exchange, parse_metrics  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--siesta", required=True)
@@ -168,20 +168,6 @@ def netem_available():
 
 # ---- HTTP ----------------------------------------------------------------------------------------
 
-def request(host, port, method, path, body=None, headers=None, timeout=30):
-    """(status, headers {lowercase name: value}, body bytes)."""
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    try:
-        data = json.dumps(body).encode() if body is not None else None
-        h = {"Content-Type": "application/json"} if data is not None else {}
-        h.update(headers or {})
-        conn.request(method, path, body=data, headers=h)
-        r = conn.getresponse()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
-    finally:
-        conn.close()
-
-
 class Outcome:
     def __init__(self, kind, detail="", tokens=None, headers=None, seconds=0.0):
         self.kind = kind  # "done" | "error" | "lost"
@@ -200,34 +186,8 @@ def generate(port, path, body, timeout=CLIENT_TIMEOUT_S):
         headers = {k.lower(): v for k, v in r.getheaders()}
         raw = r.read()
         secs = time.monotonic() - start
-        if r.status != 200:
-            try:
-                err = json.loads(raw)["error"]
-                msg = f"HTTP {r.status} {err['code']}: {err['message']}"
-            except Exception:  # noqa: BLE001 - an unreadable error body is itself the finding
-                msg = f"HTTP {r.status}, unreadable error body {raw[:200]!r}"
-            return Outcome("error", msg, headers=headers, seconds=secs)
-        if not body.get("stream"):
-            c = json.loads(raw)["choices"][0]
-            if c["finish_reason"] == "abort":
-                return Outcome("error", "finish_reason abort", headers=headers, seconds=secs)
-            return Outcome("done", tokens=c.get("token_ids"), headers=headers, seconds=secs)
-        ids, error = [], None
-        lines = raw.decode().splitlines()
-        if "data: [DONE]" not in lines:
-            return Outcome("error", "the stream ended without [DONE]", headers=headers, seconds=secs)
-        for line in lines:
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                error = chunk["error"].get("message") or "an error event without a message"
-                continue
-            for c in chunk.get("choices", []):
-                ids += c.get("token_ids") or []
-        if error:
-            return Outcome("error", f"stream error: {error}", headers=headers, seconds=secs)
-        return Outcome("done", tokens=ids, headers=headers, seconds=secs)
+        kind, detail, tokens = completion_outcome(r.status, raw, body.get("stream"))
+        return Outcome(kind, detail, tokens=tokens, headers=headers, seconds=secs)
     except (socket.timeout, TimeoutError):
         return Outcome("lost", f"no answer within {timeout} s", seconds=time.monotonic() - start)
     except (OSError, http.client.HTTPException, ValueError) as e:
@@ -316,7 +276,7 @@ class Engine(Proc):
         return f"http://{self.ip}:{HTTP_PORT}"
 
     def call(self, method, path, timeout=30):
-        return request(self.ip, HTTP_PORT, method, path, timeout=timeout)
+        return http_exchange(self.ip, HTTP_PORT, method, path, timeout=timeout)
 
     def metrics(self):
         status, _, raw = self.call("GET", "/metrics", timeout=10)
@@ -457,7 +417,7 @@ try:
     proxies = [fleet, pinned]
 
     def status_of(proxy):
-        s, _, raw = request("127.0.0.1", proxy.port, "GET", "/status")
+        s, _, raw = http_exchange("127.0.0.1", proxy.port, "GET", "/status")
         assert s == 200, s
         return {i["url"]: i for i in json.loads(raw)["instances"]}
 
@@ -512,7 +472,7 @@ try:
             assert counts["ok"] == counts["requests"], bad
             assert served_p == {P0.url, P1.url}, served_p
             assert served_d == {D0.url, D1.url}, served_d
-            s, _, raw = request("127.0.0.1", fleet.port, "GET", "/metrics")
+            s, _, raw = http_exchange("127.0.0.1", fleet.port, "GET", "/metrics")
             m = parse_metrics(raw)
             for e in engines.values():
                 role = "prefill" if e.host[0] == "p" else "decode"
@@ -522,7 +482,7 @@ try:
     # ---- asleep
     if "asleep" in PHASES:
         def asleep():
-            s, _, _ = request("127.0.0.1", fleet.port, "POST", f"/sleep?instance={P1.url}&level=1", timeout=60)
+            s, _, _ = http_exchange("127.0.0.1", fleet.port, "POST", f"/sleep?instance={P1.url}&level=1", timeout=60)
             assert s == 200, s
             assert status_of(fleet)[P1.url]["state"] == "asleep", status_of(fleet)[P1.url]
             tally = Tally("asleep")
@@ -538,7 +498,7 @@ try:
             assert o.kind == "done" and o.tokens == refs[7], (o.kind, o.detail)
             waited = int(o.headers.get("x-siesta-wake-wait-ms", "0"))
             assert waited > 0, o.headers
-            _, _, raw = request("127.0.0.1", fleet.port, "GET", "/metrics")
+            _, _, raw = http_exchange("127.0.0.1", fleet.port, "GET", "/metrics")
             m = parse_metrics(raw)
             assert m['siesta_proxy_wake_wait_seconds_count{role="prefill"}'] >= 1, m
             woken = [e for e in (P0, P1) if json.loads(e.call("GET", "/is_sleeping")[2])["is_sleeping"] is False]
@@ -682,7 +642,7 @@ try:
                 sequential(parker, range(52, 56), tally)
                 counts, bad = tally.counts(refs)
                 waited = int(tally.rows[0][3].headers.get("x-siesta-wake-wait-ms", "0"))
-                _, _, raw = request("127.0.0.1", parker.port, "GET", "/metrics")
+                _, _, raw = http_exchange("127.0.0.1", parker.port, "GET", "/metrics")
                 m = parse_metrics(raw)
                 parks = sum(v for k, v in m.items() if k.startswith("siesta_proxy_instance_parks_total"))
                 record("park", counts, {"first_wake_wait_ms": waited, "parks": parks})
@@ -720,7 +680,7 @@ try:
                 else:
                     t0 = time.monotonic()
                     if op == "sleep-proxy":
-                        s, _, body = request("127.0.0.1", fleet.port, "POST",
+                        s, _, body = http_exchange("127.0.0.1", fleet.port, "POST",
                                              f"/sleep?instance={e.url}&level=1&mode=keep", timeout=60)
                     else:
                         s, _, body = e.call("POST", "/sleep?level=1&mode=keep", timeout=60)

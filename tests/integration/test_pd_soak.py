@@ -43,7 +43,7 @@ import time
 import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from siesta_test_util import Checks, SiestaProcess, http_request, metrics  # noqa: E402
+from siesta_test_util import Checks, SiestaProcess, completion_outcome, http_request, metrics  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--siesta", required=True)
@@ -184,42 +184,9 @@ def generate(port, path, body, headers, timeout=CLIENT_TIMEOUT_S):
         h.update(headers)
         conn.request("POST", path, body=json.dumps(body).encode(), headers=h)
         r = conn.getresponse()
-        raw = r.read()
-        if r.status != 200:
-            try:
-                msg = json.loads(raw)["error"]["message"]
-            except Exception:  # noqa: BLE001 - any unreadable body is itself the finding
-                msg = f"unreadable error body {raw[:200]!r}"
-            return Outcome("error", f"HTTP {r.status}: {msg}")
-        if not body.get("stream"):
-            c = json.loads(raw)["choices"][0]
-            if c["finish_reason"] == "abort":
-                return Outcome("error", "finish_reason abort")  # vLLM's answer to a request an abort ended
-            o = Outcome("done")
-            o.tokens = c.get("token_ids")
-            return o
-        ids, finish, error = [], None, None
-        lines = raw.decode().splitlines()
-        if "data: [DONE]" not in lines:
-            return Outcome("error", "the stream ended without [DONE]")
-        for line in lines:
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                error = chunk["error"].get("message") or "an error event without a message"
-                continue
-            for c in chunk.get("choices", []):
-                if c.get("index", 0) != 0:
-                    continue
-                ids += c.get("token_ids") or []
-                finish = c.get("finish_reason") or finish
-        if error:
-            return Outcome("error", f"stream error: {error}")
-        if finish == "abort":
-            return Outcome("error", "finish_reason abort")
-        o = Outcome("done")
-        o.tokens = ids
+        kind, detail, tokens = completion_outcome(r.status, r.read(), body.get("stream"))
+        o = Outcome(kind, detail)
+        o.tokens = tokens
         return o
     except (socket.timeout, TimeoutError):
         return Outcome("lost", f"no answer within {timeout} s")

@@ -20,7 +20,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fake_pd_engine import FakeEngine  # noqa: E402
-from siesta_test_util import Checks, expect_clean_error, parse_args, post_without_length, run  # noqa: E402
+from siesta_test_util import (Checks, expect_clean_error, http_exchange, parse_args,  # noqa: E402
+                              post_without_length, run)
 
 args = parse_args()
 SIESTA = args.siesta
@@ -62,16 +63,7 @@ class ProxyProcess:
 
 def request(port, method, path, body=None, headers=None, timeout=HTTP_TIMEOUT_S):
     """(status, headers dict, body bytes) of one request to the proxy."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
-        h = {"Content-Type": "application/json"} if data is not None else {}
-        h.update(headers or {})
-        conn.request(method, path, body=data, headers=h)
-        r = conn.getresponse()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
-    finally:
-        conn.close()
+    return http_exchange("127.0.0.1", port, method, path, body, headers, timeout)
 
 
 def post_json(port, path, body, headers=None, timeout=HTTP_TIMEOUT_S):
