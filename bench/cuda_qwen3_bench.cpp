@@ -24,7 +24,8 @@
 // launches, so launch gaps are included) of a decode step at each batch size
 // and of each prefill, in the default mode, and of each prefill again on the
 // mma.sync attention kernel (prefill_N_mma: compare its attention_prefill with
-// prefill_N's).
+// prefill_N's), and the same decode steps and prefills in the batch-invariant
+// mode (invariant_decode_B, invariant_prefill_N) unless --no-invariant.
 // --trace: the timeline of the last batch-1 decode step, graphs and programmatic
 // launch on (InstrumentationOptions::trace): per kernel of a layer, when its CTAs
 // start, pass the wait for the previous kernel and end, as means over the
@@ -404,6 +405,21 @@ int main(int argc, char** argv) {
       model_mma->instrumentation().reset();
       run_prefill_ms(*model_mma, n, 3);
       take(*model_mma, "prefill_" + std::to_string(n) + "_mma", 12);
+    }
+    // And the batch-invariant mode's decode steps and prefills (prefix "invariant_").
+    if (a.invariant) {
+      model_mma.reset();
+      CudaModelOptions inv = sized_options();
+      inv.instrumentation.profile = true;
+      inv.batch_invariant = true;
+      auto model_inv = check(CudaQwen3::load(a.model, alloc, inv), "loading " + a.model);
+      for (int B : a.batches) profile_decode(*model_inv, B, "invariant_decode_" + std::to_string(B));
+      for (int n : a.prefill) {
+        run_prefill_ms(*model_inv, n, 3);
+        model_inv->instrumentation().reset();
+        run_prefill_ms(*model_inv, n, 3);
+        take(*model_inv, "invariant_prefill_" + std::to_string(n), 12);
+      }
     }
   }
 

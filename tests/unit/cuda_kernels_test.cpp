@@ -580,6 +580,122 @@ TEST_F(CudaKernels, FixedGemmIsCorrectAndRowsDoNotDependOnM) {
   for (int i = 0; i < 37 * N; ++i) ASSERT_EQ(yb[i], rb(outs[2][i])) << i;
 }
 
+// The canonical GEMV and the fixed GEMM share one projection order
+// (kernels.h: kProjectionSegments): each row's output is the same bits from
+// either kernel, at every M, whatever the GEMV's tiles per warp (N = 1000:
+// one, 3000 and 7000: two, 7000 looping from two rows on, 4600: three), and
+// with each of the GEMV's stagings against the separate kernels that the
+// larger batches run: add_rms_norm (a pass of 1 row, and of 1031 rows, which
+// takes the warp-per-row kernel) and silu_mul. Batch-invariant mode relies on
+// it: decode rows go through the GEMV, prefill chunks through the fixed GEMM.
+TEST_F(CudaKernels, GemvAndFixedGemmGiveEachRowTheSameBits) {
+  const int max_n = 7000;
+  for (int K : {256, 1024, 2048, 3072, 4096}) {
+    auto w = random_bf16(static_cast<size_t>(max_n) * K, rng, 0.05f);
+    auto nw = random_bf16(K, rng, 0.1f, 1.0f);
+    Bf16Array d_w(w.size()), d_nw(K);
+    d_w.upload(w);
+    d_nw.upload(nw);
+    const int big = 1031;  // rows of the fixed GEMM / norm pass; the GEMV's rows are its first M
+    for (GemvInput in : {GemvInput::kPlain, GemvInput::kRmsNorm, GemvInput::kSiluMul}) {
+      const int in_cols = in == GemvInput::kSiluMul ? 2 * K : K;
+      auto x = random_bf16(static_cast<size_t>(big) * in_cols, rng);
+      Bf16Array d_x(x.size()), d_a(static_cast<size_t>(big) * K), d_a1(K);
+      d_x.upload(x);
+      // The GEMM's input as the large passes make it.
+      if (in == GemvInput::kRmsNorm) {
+        CUDA_OK(launch_add_rms_norm(B(d_x), nullptr, B(d_nw), big, K, 1e-6f, nullptr, B(d_a), nullptr));
+        CUDA_OK(launch_add_rms_norm(B(d_x), nullptr, B(d_nw), 1, K, 1e-6f, nullptr, B(d_a1), nullptr));
+      } else if (in == GemvInput::kSiluMul) {
+        CUDA_OK(launch_silu_mul(B(d_x), big, K, B(d_a), nullptr));
+      } else {
+        CUDA_OK(cudaMemcpy(d_a.get(), d_x.get(), x.size() * 2, cudaMemcpyDeviceToDevice));
+      }
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto a_all = d_a.download();
+      if (in == GemvInput::kRmsNorm) {
+        const auto alone = d_a1.download();
+        ASSERT_TRUE(std::equal(alone.begin(), alone.end(), a_all.begin()))
+            << "K " << K << ": row 0's norm in a pass of " << big << " rows differs from the row alone";
+      }
+      DeviceArray<float> d_ref(static_cast<size_t>(big) * max_n);
+      CUDA_OK(launch_fixed_gemm(B(d_a), B(d_w), d_ref.get(), true, big, max_n, K, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto ref = d_ref.download();
+      // Against the product in double, for rows 0..7.
+      const std::vector<float> a8(to_f32(std::vector<uint16_t>(a_all.begin(), a_all.begin() + 8 * K)));
+      const auto want = matmul_ref(a8, to_f32(w), 8, max_n, K);
+      EXPECT_LT(rel_err(std::vector<float>(ref.begin(), ref.begin() + 8 * max_n), want), 5e-3) << "K " << K;
+      for (int M : {1, 2, 5, 8}) {
+        for (int N : {1000, 3000, 4600, 7000}) {
+          const std::string what = "K " + std::to_string(K) + " input " + std::to_string(static_cast<int>(in)) +
+                                   " M " + std::to_string(M) + " N " + std::to_string(N);
+          DeviceArray<float> d_y(static_cast<size_t>(M) * N);
+          CUDA_OK(cudaMemset(d_y.get(), 0xff, static_cast<size_t>(M) * N * sizeof(float)));
+          GemvArgs g{B(d_x), B(d_nw), 1e-6f, B(d_w), M, N, K, in, GemvOutput::kLogits, d_y.get()};
+          g.canonical = true;
+          CUDA_OK(launch_gemv(g, nullptr));
+          CUDA_OK(cudaDeviceSynchronize());
+          const auto y = d_y.download();
+          size_t differ = 0;
+          for (int m = 0; m < M; ++m)
+            for (int n = 0; n < N; ++n) {
+              const float got = y[static_cast<size_t>(m) * N + n], exp = ref[static_cast<size_t>(m) * max_n + n];
+              if (std::memcmp(&got, &exp, sizeof(float)) != 0) ++differ;
+            }
+          EXPECT_EQ(differ, 0u) << what << ": elements that differ from the fixed GEMM's";
+        }
+      }
+    }
+    // The epilogues: bf16 and the residual add at M = 3, SiLU-mul at M = 8, each
+    // against the fixed GEMM's bf16 output and the separate kernels.
+    auto x = random_bf16(static_cast<size_t>(8) * K, rng);
+    Bf16Array d_x(x.size());
+    d_x.upload(x);
+    const int N = 3072;
+    Bf16Array d_ref(static_cast<size_t>(8) * N), d_gemv(static_cast<size_t>(8) * N);
+    CUDA_OK(launch_fixed_gemm(B(d_x), B(d_w), d_ref.get(), false, 8, N, K, nullptr));
+    GemvArgs g{B(d_x), nullptr, 0.0f, B(d_w), 3, N, K, GemvInput::kPlain, GemvOutput::kBf16, d_gemv.get()};
+    g.canonical = true;
+    CUDA_OK(launch_gemv(g, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto ref_b = d_ref.download(), got_b = d_gemv.download();
+    EXPECT_TRUE(std::equal(got_b.begin(), got_b.begin() + 3 * N, ref_b.begin())) << "K " << K << " bf16 output";
+    auto res = random_bf16(static_cast<size_t>(3) * N, rng);
+    Bf16Array d_res(res.size());
+    d_res.upload(res);
+    g.output_kind = GemvOutput::kAddBf16;
+    g.out = d_res.get();
+    CUDA_OK(launch_gemv(g, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    {  // the large passes' residual add (add_rms_norm): bf16(x + the GEMM's bf16 output)
+      const auto rf = to_f32(res), got = to_f32(d_res.download()), refb = to_f32(ref_b);
+      size_t differ = 0;
+      for (int m = 0; m < 3; ++m)
+        for (int n = 0; n < N; ++n)
+          if (got[m * N + n] != rb(rf[m * N + n] + refb[m * N + n])) ++differ;
+      EXPECT_EQ(differ, 0u) << "K " << K << " residual add";
+    }
+    Bf16Array d_act(static_cast<size_t>(8) * N / 2), d_act_ref(static_cast<size_t>(8) * N / 2);
+    g.M = 8;
+    g.output_kind = GemvOutput::kSiluMul;
+    g.out = d_act.get();
+    CUDA_OK(launch_gemv(g, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    // silu_mul of the fixed GEMM's [gate | up] halves, row by row.
+    std::vector<uint16_t> act_ref;
+    for (int m = 0; m < 8; ++m) {
+      Bf16Array d_row(N), d_out_row(N / 2);
+      d_row.upload(std::vector<uint16_t>(ref_b.begin() + static_cast<size_t>(m) * N, ref_b.begin() + static_cast<size_t>(m + 1) * N));
+      CUDA_OK(launch_silu_mul(B(d_row), 1, N / 2, B(d_out_row), nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto r = d_out_row.download();
+      act_ref.insert(act_ref.end(), r.begin(), r.end());
+    }
+    EXPECT_TRUE(d_act.download() == act_ref) << "K " << K << " SiLU-mul output";
+  }
+}
+
 // A paged cache with scrambled block tables, random K/V, for attention tests.
 struct AttnFixture {
   int heads, kvh, hd, L = 2, layer = 1, blocks;

@@ -76,6 +76,22 @@ __global__ __launch_bounds__(kNormThreads) void add_rms_norm_kernel(bf16* x, con
 constexpr int kNormWarpRows = 8;
 constexpr int kNormWarpMinRows = 1024;
 
+// The sum of squares of a warp-per-row norm in add_rms_norm_kernel's order, so
+// that a row's norm does not depend on how many rows its pass has: lane l's
+// chunk l + 32 j is that kernel's thread l + 32 (j % 8)'s, in its warp j % 8.
+// part[p]: lane l's chain over the chunks j with j % 8 == p, in ascending j
+// (the thread's own chain); each part's warp sum is a warp total there, and
+// the totals are added in warp order from zero (the warps without chunks add
+// zeros, which leave the non-negative total as it is).
+constexpr int norm_parts(int chunks) { return chunks < 8 ? chunks : 8; }
+template <int kParts>
+__device__ __forceinline__ float block_order_total(const float (&part)[kParts]) {
+  float total = 0.0f;
+#pragma unroll
+  for (int p = 0; p < kParts; ++p) total += dev::warp_sum(part[p]);
+  return total;
+}
+
 // One 16-byte chunk of a warp-per-row norm. The residual add: f (x) becomes
 // bf16(f + d), v takes its bf16 bits, and with store they go back to x (dst).
 __device__ __forceinline__ void add_delta8(uint4& v, const float (&d)[8], float (&f)[8], bool store, bf16* dst) {
@@ -108,7 +124,7 @@ __global__ __launch_bounds__(32 * kNormWarpRows) void add_rms_norm_wide_warp_ker
   bf16* xr = x + static_cast<size_t>(src_row) * hidden;
   const int chunks = hidden / 8;
   uint4 v[kChunks];
-  float ss = 0.0f;
+  float ss[norm_parts(kChunks)] = {};
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
     const int c = lane + 32 * j;
@@ -122,10 +138,10 @@ __global__ __launch_bounds__(32 * kNormWarpRows) void add_rms_norm_wide_warp_ker
         add_delta8(v[j], d, f, !row_index, xr + c * 8);
       }
 #pragma unroll
-      for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
+      for (int e = 0; e < 8; ++e) ss[j % 8] += f[e] * f[e];
     }
   }
-  const float rs = rsqrtf(dev::warp_sum(ss) / static_cast<float>(hidden) + eps);
+  const float rs = rsqrtf(block_order_total(ss) / static_cast<float>(hidden) + eps);
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
     const int c = lane + 32 * j;
@@ -170,7 +186,7 @@ __global__ __launch_bounds__(32 * kNormWarpRows) void add_rms_norm_warp_kernel(b
       if (delta) dv[j] = *reinterpret_cast<const uint4*>(dr + c * 8);
     }
   }
-  float ss = 0.0f;
+  float ss[norm_parts(kChunks)] = {};
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
     const int c = lane + 32 * j;
@@ -183,7 +199,7 @@ __global__ __launch_bounds__(32 * kNormWarpRows) void add_rms_norm_warp_kernel(b
         add_delta8(v[j], d, f, !row_index, xr + c * 8);
       }
 #pragma unroll
-      for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
+      for (int e = 0; e < 8; ++e) ss[j % 8] += f[e] * f[e];
     }
   }
   uint4 w[kChunks];
@@ -192,7 +208,7 @@ __global__ __launch_bounds__(32 * kNormWarpRows) void add_rms_norm_warp_kernel(b
     const int c = lane + 32 * j;
     if (c < chunks) w[j] = *reinterpret_cast<const uint4*>(weight + c * 8);
   }
-  const float rs = rsqrtf(dev::warp_sum(ss) / static_cast<float>(hidden) + eps);
+  const float rs = rsqrtf(block_order_total(ss) / static_cast<float>(hidden) + eps);
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) {
     const int c = lane + 32 * j;

@@ -1,11 +1,13 @@
 // The batch-invariant projection: C[m, n] = sum_k A[m, k] * W[n, k].
 //
 // cuBLAS picks its kernel (tile shape, split-K, stream-K) from M, so a row's
-// result changes with the batch it sits in. Here every output element is one
-// fp32 accumulator fed by bf16 m16n8k16 MMAs over k in ascending 32-wide tiles,
-// two k16 steps each, never split across CTAs. The CTA tile shape (chosen from
-// M for occupancy) only decides which rows share a CTA, never an element's
-// arithmetic, so a row is bit-identical for every M.
+// result changes with the batch it sits in. Here every output element follows
+// the projection order of kernels.h: bf16 m16n8k16 MMAs over k in ascending
+// 32-wide tiles, two k16 steps each, into an fp32 chain that is added to the
+// element's total at every segment's end (kProjectionSegments), never split
+// across CTAs. The CTA tile shape (chosen from M for occupancy) only decides
+// which rows share a CTA, never an element's arithmetic, so a row is
+// bit-identical for every M and equal to the canonical GEMV's.
 //
 // A classic multistage design: cp.async into a 3-stage shared-memory ring
 // (rows padded by 16 bytes so ldmatrix is conflict-free), ldmatrix fragments.
@@ -36,7 +38,8 @@ struct Tile {
 template <int BM, int BN, int WM, int WN, bool kOutF32>
 __global__ __launch_bounds__(Tile<BM, BN, WM, WN>::kThreads) void fixed_gemm_kernel(const bf16* __restrict__ A,
                                                                                   const bf16* __restrict__ W,
-                                                                                  void* out, int M, int N, int K) {
+                                                                                  void* out, int M, int N, int K,
+                                                                                  int segment_tiles) {
   dev::begin_dependent_kernel();
   using T = Tile<BM, BN, WM, WN>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -64,11 +67,13 @@ __global__ __launch_bounds__(Tile<BM, BN, WM, WN>::kThreads) void fixed_gemm_ker
     }
   };
 
-  float acc[T::kMT][T::kNT][4];
+  float acc[T::kMT][T::kNT][4], tot[T::kMT][T::kNT][4];
 #pragma unroll
   for (int i = 0; i < T::kMT; ++i)
 #pragma unroll
-    for (int j = 0; j < T::kNT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+    for (int j = 0; j < T::kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = tot[i][j][e] = 0.0f;
 
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -101,6 +106,17 @@ __global__ __launch_bounds__(Tile<BM, BN, WM, WN>::kThreads) void fixed_gemm_ker
         }
       }
     }
+    if ((kt + 1) % segment_tiles == 0) {  // a segment's end: its chain into the total
+#pragma unroll
+      for (int i = 0; i < T::kMT; ++i)
+#pragma unroll
+        for (int j = 0; j < T::kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            tot[i][j][e] += acc[i][j][e];
+            acc[i][j][e] = 0.0f;
+          }
+    }
   }
   dev::cp_async_wait<0>();
 
@@ -117,11 +133,11 @@ __global__ __launch_bounds__(Tile<BM, BN, WM, WN>::kThreads) void fixed_gemm_ker
         if (row >= M) continue;
         const size_t idx = static_cast<size_t>(row) * N + col;
         if constexpr (kOutF32) {
-          const float2 r = __bfloat1622float2(__floats2bfloat162_rn(acc[i][j][2 * half], acc[i][j][2 * half + 1]));
+          const float2 r = __bfloat1622float2(__floats2bfloat162_rn(tot[i][j][2 * half], tot[i][j][2 * half + 1]));
           *reinterpret_cast<float2*>(static_cast<float*>(out) + idx) = r;
         } else {
           *reinterpret_cast<__nv_bfloat162*>(static_cast<bf16*>(out) + idx) =
-              __floats2bfloat162_rn(acc[i][j][2 * half], acc[i][j][2 * half + 1]);
+              __floats2bfloat162_rn(tot[i][j][2 * half], tot[i][j][2 * half + 1]);
         }
       }
     }
@@ -140,11 +156,12 @@ cudaError_t launch_tile(const bf16* a, const bf16* w, void* out, bool out_f32, i
   if (attr_f32 != cudaSuccess) return attr_f32;
   const dim3 grid((N + BN - 1) / BN, (M + BM - 1) / BM);
   if (grid.y > 65535) return cudaErrorInvalidValue;
+  const int segment_tiles = projection_segment_k(K) / kBK;
   if (out_f32)
     return launch_kernel(fixed_gemm_kernel<BM, BN, WM, WN, true>, grid, T::kThreads, T::kSmem, launch, a, w, out, M,
-                         N, K);
+                         N, K, segment_tiles);
   return launch_kernel(fixed_gemm_kernel<BM, BN, WM, WN, false>, grid, T::kThreads, T::kSmem, launch, a, w, out, M, N,
-                       K);
+                       K, segment_tiles);
 }
 
 }  // namespace

@@ -21,26 +21,29 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
+static_assert(kWarps == kProjectionSegments, "canonical: a warp's slice of K is one segment");
 // CTAs of the largest-T kernel that fit on an SM at once (128 registers per thread).
 constexpr int kCtasPerSm = 2;
 // Dynamic shared memory of a CTA (two share an SM): M input rows and a norm row
 // of up to 6144 bf16 at M = 8 (Qwen3-1.7B's intermediate size).
 constexpr size_t kMaxSmem = 112 * 1024;
-// bf16 after each staged input row: the 8 rows that an MMA step reads fall in
-// different banks.
-constexpr int kRowPad = 32;
+// bf16 after each staged input row: the 8 rows that an MMA step reads take the
+// fewest shared-memory wavefronts (the canonical order's two 8-byte reads per
+// lane span 32 bytes of a row, the other order's 16-byte read 64).
+__host__ __device__ constexpr int row_pad(bool canonical) { return canonical ? 16 : 32; }
 
 using dev::load8;
 using dev::round_bf16;
 using dev::store8;
 
-// Dynamic shared memory: the M staged input rows of K + kRowPad, then (RMSNorm
+// Dynamic shared memory: the M staged input rows of K + row_pad, then (RMSNorm
 // input) the norm weights, copied there before the kernel waits for the
 // previous one; at the end the warps' sums, in the staged rows' place (or,
 // when the CTA loops over weight rows, after them).
 __host__ __device__ inline size_t gemv_stage_bytes(const GemvArgs& a) {
   const size_t staged =
-      (static_cast<size_t>(a.M) * (a.K + kRowPad) + (a.input_kind == GemvInput::kRmsNorm ? a.K : 0)) * sizeof(bf16);
+      (static_cast<size_t>(a.M) * (a.K + row_pad(a.canonical)) + (a.input_kind == GemvInput::kRmsNorm ? a.K : 0)) *
+      sizeof(bf16);
   return (staged + 15) / 16 * 16;
 }
 size_t gemv_smem(const GemvArgs& a, bool loop) {
@@ -190,8 +193,17 @@ __device__ void stage_input(const GemvArgs& a, bf16* s_a, int stride) {
 // fp32 FMAs with one weight row per warp took ~140 instructions at M = 8
 // (timings: bench/results/cuda_choices.md). The warps' partial sums meet in shared memory and are
 // added in warp order. A value depends on its row of A, its weight row, K and
-// whether T is 1 (one tile sums in two chains, below) only: not on M or the grid.
+// whether T is 1 (one tile sums in two chains, below, unless canonical) only:
+// not on M or the grid.
 // T follows from N alone, so a projection's values do not change with the batch.
+//
+// Canonical (GemvArgs::canonical; kernels.h: kProjectionSegments): each k16
+// MMA takes one natural k16 block. Lane q's 16 bytes at k + 8q hold k in
+// [8q, 8q + 8) of the 32-k step, so lanes q and q ^ 2 exchange half of them (two
+// shuffles): the first MMA gets k 0-3, 8-11 (lanes 0, 1, their own), 4-7, 12-15
+// (lanes 2, 3, received), the second k 16-31 the same way, and each lane reads
+// its input at those k, two 8-byte reads. A warp's slice of K is one segment,
+// one chain (at T = 1 too), and the warps' sums are added in warp order.
 //
 // GemvOutput::kSiluMul: the CTA's 8 T weight rows are gate rows j0 .. j0 + 4T - 1
 // and then the up rows of the same j, so that it writes act[m, j] itself
@@ -206,7 +218,7 @@ __device__ void stage_input(const GemvArgs& a, bf16* s_a, int stride) {
 // of one wave, each CTA stages its input rows once and takes every gridDim.x-th
 // group of 8 T weight rows, loading the next group's weights before it reduces
 // and stores the current one's. The same arithmetic per value.
-template <int M, int T, bool kLoop>
+template <int M, int T, bool kLoop, bool kCanon>
 __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
   // 32-k steps per batch of loads (T * kSteps 16-byte loads in flight per
   // lane); 4 steps are a warp's whole slice at K = 1024 (Qwen3-0.6B's hidden size).
@@ -214,7 +226,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
   constexpr int kCols = 8 * T;
   static_assert(M * kCols <= kThreads, "one output per thread");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int K = a.K, stride = K + kRowPad;
+  const int K = a.K, stride = K + row_pad(kCanon);
   bf16* s_a = reinterpret_cast<bf16*>(smem_raw);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const bool silu = a.output_kind == GemvOutput::kSiluMul;
@@ -285,6 +297,9 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
   if (a.argmax && threadIdx.x < M) best[threadIdx.x] = 0;
   // Lanes of rows g >= M read row M - 1: valid data, whose results are not stored.
   const bf16* xrow = s_a + min(g, M - 1) * stride + k0 + 8 * q;
+  // Canonical: the k of lane q in the step's first and second k16 block.
+  const bf16* xrow_lo = s_a + min(g, M - 1) * stride + k0 + (q < 2 ? 8 * q : 8 * (q - 2) + 4);
+  const bf16* xrow_hi = xrow_lo + 16;
 
   for (;;) {
     // One weight tile (T = 1): the low and high halves of each 16-byte step in
@@ -292,7 +307,7 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
     // chains instead of one (the O and down projections at batch 1 take one
     // tile; timings: bench/results/cuda_choices.md).
     // More tiles are independent chains already (and their registers are spent).
-    constexpr bool kTwoChains = T == 1;
+    constexpr bool kTwoChains = T == 1 && !kCanon;
     float acc[T][4], acc_hi[T][4];
 #pragma unroll
     for (int t = 0; t < T; ++t)
@@ -302,12 +317,27 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
 #pragma unroll
       for (int u = 0; u < kSteps; ++u) {
         if (s0 + u < steps) {
-          const uint4 x = *reinterpret_cast<const uint4*>(xrow + (s0 + u) * 32);
-          const uint32_t lo[4] = {x.x, 0u, x.y, 0u}, hi[4] = {x.z, 0u, x.w, 0u};
+          if constexpr (kCanon) {
+            const uint2 xl = *reinterpret_cast<const uint2*>(xrow_lo + (s0 + u) * 32);
+            const uint2 xh = *reinterpret_cast<const uint2*>(xrow_hi + (s0 + u) * 32);
+            const uint32_t lo[4] = {xl.x, 0u, xl.y, 0u}, hi[4] = {xh.x, 0u, xh.y, 0u};
+            const bool low = q < 2;
 #pragma unroll
-          for (int t = 0; t < T; ++t) {
-            dev::mma_bf16(acc[t], lo, w[t][u].x, w[t][u].y);
-            dev::mma_bf16(kTwoChains ? acc_hi[t] : acc[t], hi, w[t][u].z, w[t][u].w);
+            for (int t = 0; t < T; ++t) {
+              const uint4 v = w[t][u];
+              const uint32_t r0 = __shfl_xor_sync(0xffffffffu, low ? v.z : v.x, 2);
+              const uint32_t r1 = __shfl_xor_sync(0xffffffffu, low ? v.w : v.y, 2);
+              dev::mma_bf16(acc[t], lo, low ? v.x : r0, low ? v.y : r1);
+              dev::mma_bf16(acc[t], hi, low ? r0 : v.z, low ? r1 : v.w);
+            }
+          } else {
+            const uint4 x = *reinterpret_cast<const uint4*>(xrow + (s0 + u) * 32);
+            const uint32_t lo[4] = {x.x, 0u, x.y, 0u}, hi[4] = {x.z, 0u, x.w, 0u};
+#pragma unroll
+            for (int t = 0; t < T; ++t) {
+              dev::mma_bf16(acc[t], lo, w[t][u].x, w[t][u].y);
+              dev::mma_bf16(kTwoChains ? acc_hi[t] : acc[t], hi, w[t][u].z, w[t][u].w);
+            }
           }
         }
       }
@@ -371,25 +401,26 @@ __device__ __forceinline__ void gemv_body(const GemvArgs& a) {
   dev::trace_mark(trace, kTraceEnd);
 }
 
-template <int M, int T, bool kLoop>
+template <int M, int T, bool kLoop, bool kCanon>
 __global__ __launch_bounds__(kThreads, M == 1 && T == 2 ? 3 : 2) void gemv_kernel(GemvArgs a) {
-  gemv_body<M, T, kLoop>(a);
+  gemv_body<M, T, kLoop, kCanon>(a);
 }
 // One row and one tile per CTA (the O and down projections at batch 1) in at
 // most 96 registers: then two CTAs of the 80-register instance (the next
 // layer's QKV projection) fit beside one of these in an SM's register file, so
 // that all of them start, and load their weights, before this kernel ends.
+template <bool kCanon>
 __global__ __maxnreg__(96) void gemv_kernel_one_tile(GemvArgs a) {
-  gemv_body<1, 1, false>(a);
+  gemv_body<1, 1, false, kCanon>(a);
 }
 
-template <int M, int T, bool kLoop>
+template <int M, int T, bool kLoop, bool kCanon>
 cudaError_t launch_grid(const GemvArgs& a, const LaunchConfig& launch, int grid) {
   auto* const kernel = [] {
     if constexpr (M == 1 && T == 1 && !kLoop)
-      return gemv_kernel_one_tile;
+      return gemv_kernel_one_tile<kCanon>;
     else
-      return gemv_kernel<M, T, kLoop>;
+      return gemv_kernel<M, T, kLoop, kCanon>;
   }();
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem));
@@ -397,7 +428,7 @@ cudaError_t launch_grid(const GemvArgs& a, const LaunchConfig& launch, int grid)
   return launch_kernel(kernel, grid, kThreads, gemv_smem(a, kLoop), launch, a);
 }
 
-template <int M, int T>
+template <int M, int T, bool kCanon>
 cudaError_t launch_mt(const GemvArgs& a, const LaunchConfig& launch) {
   const int cols_per_cta = a.output_kind == GemvOutput::kSiluMul ? 4 * T : 8 * T;  // kSiluMul: 4T of gate, 4T of up
   const int cols = a.output_kind == GemvOutput::kSiluMul ? a.N / 2 : a.N;
@@ -408,28 +439,32 @@ cudaError_t launch_mt(const GemvArgs& a, const LaunchConfig& launch) {
   if constexpr (T == 2 && M > 1) {
     if (grid > wave && (a.output_kind == GemvOutput::kLogits || a.output_kind == GemvOutput::kBf16) &&
         a.input_kind != GemvInput::kSiluMul && gemv_smem(a, true) <= kMaxSmem)
-      return launch_grid<M, T, true>(a, launch, wave);
+      return launch_grid<M, T, true, kCanon>(a, launch, wave);
   }
-  return launch_grid<M, T, false>(a, launch, grid);
+  return launch_grid<M, T, false, kCanon>(a, launch, grid);
 }
 
-template <int M>
-cudaError_t launch_m(const GemvArgs& a, const LaunchConfig& launch) {
+template <int M, bool kCanon>
+cudaError_t launch_mc(const GemvArgs& a, const LaunchConfig& launch) {
   // Weight rows per CTA (8 T): as few as keep every CTA resident at once (one
   // wave), so that every weight load of the kernel can go out before it waits
   // for the previous one; a second wave would start its loads only after the
   // first. Beyond three (the LM head) the kernel runs in waves of T = 2.
   const int rows = kCtasPerSm * sm_count() * 8;
-  if (a.N <= rows) return launch_mt<M, 1>(a, launch);
-  if (a.N <= 2 * rows || a.N > 3 * rows) return launch_mt<M, 2>(a, launch);
-  return launch_mt<M, 3>(a, launch);
+  if (a.N <= rows) return launch_mt<M, 1, kCanon>(a, launch);
+  if (a.N <= 2 * rows || a.N > 3 * rows) return launch_mt<M, 2, kCanon>(a, launch);
+  return launch_mt<M, 3, kCanon>(a, launch);
+}
+template <int M>
+cudaError_t launch_m(const GemvArgs& a, const LaunchConfig& launch) {
+  return a.canonical ? launch_mc<M, true>(a, launch) : launch_mc<M, false>(a, launch);
 }
 
 }  // namespace
 
 bool gemv_supported(int M, int K) {
   return M >= 1 && M <= kGemvMaxRows && K > 0 && K % 256 == 0 &&
-         (static_cast<size_t>(M) * (K + kRowPad) + K) * sizeof(bf16) <= kMaxSmem;
+         (static_cast<size_t>(M) * (K + row_pad(false)) + K) * sizeof(bf16) <= kMaxSmem;
 }
 
 cudaError_t launch_gemv(const GemvArgs& a, LaunchConfig launch) {

@@ -246,17 +246,37 @@ struct GemvArgs {
   // start, wait; marks 3 the input staged, 4 the products done, 5 the warps'
   // sums in shared memory; the end.
   unsigned long long* trace = nullptr;
+  // The projection order below (kProjectionSegments): the bits of
+  // launch_fixed_gemm for every row. Otherwise each warp forms its k16 blocks
+  // from the k that its 16-byte weight loads hold, which is faster at batch 1
+  // and gives other bits.
+  bool canonical = false;
 };
 // M input rows of K and one norm row fit the GEMV's shared memory; K % 256 == 0.
 bool gemv_supported(int M, int K);
 cudaError_t launch_gemv(const GemvArgs& args, LaunchConfig launch);
 
-// The batch-invariant projection: y[m, n] = sum_k a[m, k] * w[n, k] with bf16
-// tensor-core MMAs accumulating in fp32 over k in one fixed order (32-wide k
-// tiles, two k16 steps each, never split). The tile shape chosen for M changes
-// which rows share a CTA, never the arithmetic of a row, so a row's result is
-// bit-identical for every M. Needs K % 32 == 0 and N % 8 == 0. out_f32: the
-// output is fp32 holding bf16-rounded values (logits, as kLogits above).
+// The projection order that no batch size changes, shared by every kernel that
+// computes it (the fixed GEMM, the canonical GEMV): K falls in
+// kProjectionSegments segments of projection_segment_k(K) (one segment where
+// K % 256 != 0); each segment is one fp32 chain, from zero, of bf16 k16 MMAs
+// over its natural k16 blocks (k in [16 j, 16 j + 16)) in ascending order; the
+// segments' sums are added in order, from zero. An MMA's bits do not depend on
+// how its 16 k are laid out in the fragments (the canonical GEMV lays them out
+// otherwise than the fixed GEMM: cuda_kernels_test,
+// GemvAndFixedGemmGiveEachRowTheSameBits), so kernels of other tilings can
+// share the order.
+inline constexpr int kProjectionSegments = 8;
+constexpr int projection_segment_k(int K) {
+  return K % (16 * 2 * kProjectionSegments) == 0 ? K / kProjectionSegments : K;
+}
+
+// The batch-invariant projection: y[m, n] = sum_k a[m, k] * w[n, k] in the
+// projection order above, never split across CTAs. The tile shape chosen for M
+// changes which rows share a CTA, never the arithmetic of a row, so a row's
+// result is bit-identical for every M, and equal to the canonical GEMV's.
+// Needs K % 32 == 0 and N % 8 == 0. out_f32: the output is fp32 holding
+// bf16-rounded values (logits, as kLogits above).
 bool fixed_gemm_supported(int N, int K);
 cudaError_t launch_fixed_gemm(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K,
                               LaunchConfig launch);

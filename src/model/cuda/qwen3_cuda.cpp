@@ -158,7 +158,12 @@ struct CudaQwen3::Impl {
     const int rows = opt.instrumentation.gemv_max_rows < 0
                          ? cuda::kGemvMaxRows
                          : std::min(opt.instrumentation.gemv_max_rows, cuda::kGemvMaxRows);
-    return !opt.batch_invariant && gemv_ok && T <= rows;
+    return gemv_ok && T <= rows;
+  }
+  // Batch-invariant mode takes the canonical GEMV: the fixed GEMM's bits.
+  cuda::GemvArgs gemv_args(cuda::GemvArgs g) const {
+    g.canonical = opt.batch_invariant;
+    return g;
   }
   cuda::LaunchConfig launch() const { return {stream, opt.programmatic_launch}; }
 
@@ -327,7 +332,7 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
       cuda::GemvArgs g{scratch.x, w.input_norm, eps(), w.qkv, T, qkv_cols(), H, cuda::GemvInput::kRmsNorm,
                        cuda::GemvOutput::kBf16, scratch.qkv};
       g.trace = trace_slot(5 * l);
-      SIESTA_CUDA_TRY(cuda::launch_gemv(g, launch()), "QKV projection (GEMV)");
+      SIESTA_CUDA_TRY(cuda::launch_gemv(gemv_args(g), launch()), "QKV projection (GEMV)");
       instr->mark("qkv_gemv");
     } else {
       SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(scratch.x, l == 0 ? nullptr : scratch.proj, w.input_norm, T, H, eps(),
@@ -360,7 +365,7 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
       cuda::GemvArgs o{scratch.attn, nullptr, 0.0f, w.o, T, H, QD, cuda::GemvInput::kPlain, cuda::GemvOutput::kAddBf16,
                        scratch.x};
       o.trace = trace_slot(5 * l + 2);
-      SIESTA_CUDA_TRY(cuda::launch_gemv(o, launch()), "output projection (GEMV)");
+      SIESTA_CUDA_TRY(cuda::launch_gemv(gemv_args(o), launch()), "output projection (GEMV)");
       instr->mark("o_gemv");
       // The SiLU-mul: in the gate/up GEMV's epilogue (act = bf16(bf16(silu(g)) * u),
       // once per value), or at one row in every down CTA's staging, which measured
@@ -370,13 +375,13 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
       cuda::GemvArgs gup{scratch.x, w.post_norm, eps(), w.gate_up, T, 2 * I, H, cuda::GemvInput::kRmsNorm,
                          silu_in_gate_up ? cuda::GemvOutput::kSiluMul : cuda::GemvOutput::kBf16, mlp};
       gup.trace = trace_slot(5 * l + 3);
-      SIESTA_CUDA_TRY(cuda::launch_gemv(gup, launch()), "gate/up projection (GEMV)");
+      SIESTA_CUDA_TRY(cuda::launch_gemv(gemv_args(gup), launch()), "gate/up projection (GEMV)");
       instr->mark("gate_up_gemv");
       cuda::GemvArgs down{mlp, nullptr, 0.0f, w.down, T, H, I,
                           silu_in_gate_up ? cuda::GemvInput::kPlain : cuda::GemvInput::kSiluMul,
                           cuda::GemvOutput::kAddBf16, scratch.x};
       down.trace = trace_slot(5 * l + 4);
-      SIESTA_CUDA_TRY(cuda::launch_gemv(down, launch()), "down projection (GEMV)");
+      SIESTA_CUDA_TRY(cuda::launch_gemv(gemv_args(down), launch()), "down projection (GEMV)");
       instr->mark("down_gemv");
     } else {
       SIESTA_TRY(linear(scratch.attn, w.o, scratch.proj, false, T, H, QD));
@@ -411,7 +416,7 @@ Result<void> CudaQwen3::Impl::enqueue_logits(const PassDevice& p, int r0, int r1
     if (p.rows_are_tokens && r0 == 0 && r1 == p.R) {
       cuda::GemvArgs g{scratch.x, weights.final_norm, eps(), weights.lm_head, rows, V, H, cuda::GemvInput::kRmsNorm,
                        cuda::GemvOutput::kLogits, scratch.logits, keys};
-      SIESTA_CUDA_TRY(cuda::launch_gemv(g, launch()), "LM head (GEMV)");
+      SIESTA_CUDA_TRY(cuda::launch_gemv(gemv_args(g), launch()), "LM head (GEMV)");
       instr->mark("lm_head_gemv");
       return {};
     }
@@ -420,7 +425,7 @@ Result<void> CudaQwen3::Impl::enqueue_logits(const PassDevice& p, int r0, int r1
                     "final RMSNorm");
     cuda::GemvArgs g{scratch.hn, nullptr, 0.0f, weights.lm_head, rows, V, H, cuda::GemvInput::kPlain,
                      cuda::GemvOutput::kLogits, scratch.logits, keys};
-    return cuda::cuda_result(cuda::launch_gemv(g, launch()), "LM head (GEMV)");
+    return cuda::cuda_result(cuda::launch_gemv(gemv_args(g), launch()), "LM head (GEMV)");
   }
   // The last layer's down projection is still in proj: add it for these rows only.
   SIESTA_CUDA_TRY(cuda::launch_add_rms_norm(scratch.x, scratch.proj, weights.final_norm, rows, H, eps(),

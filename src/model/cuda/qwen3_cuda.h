@@ -14,8 +14,9 @@
 // outputs bf16, so equal bf16 logits tie there and here alike (lowest id wins). Projections go through
 // cuBLASLt, or through a tensor-core GEMV for batches of up to 8 tokens (with
 // the preceding norm or SiLU-mul and the residual add folded in), or — with
-// options.batch_invariant — through a fixed-order tensor-core GEMM whose
-// per-row arithmetic does not depend on the batch (nor does anything else:
+// options.batch_invariant — through a fixed-order tensor-core GEMM and, up to 8
+// tokens, the GEMV in the same order, whose per-row arithmetic does not depend
+// on the batch (nor does anything else:
 // then a request's logits, tokens and KV are bit-identical whatever it is
 // batched with AND however its prompt is cut into chunks — one chunk, n-1
 // tokens then 1 as a P/D decode engine computes it, or any other cut — since
