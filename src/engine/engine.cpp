@@ -1122,7 +1122,9 @@ std::optional<RequestOutput> Engine::continue_from_remote_logits(const FinishedL
 }
 
 bool Engine::step() {
-  auto outs = run_step(*scheduler_, *model_, kv_.view(), sampler_, logits_, options_.sample_on_device);
+  const Clock::time_point start = Clock::now();
+  StepShape shape;
+  auto outs = run_step(*scheduler_, *model_, kv_.view(), sampler_, logits_, options_.sample_on_device, &shape);
   if (!outs) {
     // No request advanced; the requests cannot be trusted to go on either.
     SIESTA_LOG_ERROR("engine: step failed, aborting every request: {}", outs.error().message);
@@ -1130,7 +1132,9 @@ bool Engine::step() {
     return true;
   }
   if (outs->empty()) return false;
-  outputs_.process(*outs, *scheduler_, connector_.get(), Clock::now());
+  const Clock::time_point computed = Clock::now();
+  outputs_.process(*outs, *scheduler_, connector_.get(), computed);
+  if (options_.step_observer) options_.step_observer(EngineStepRecord{start, computed, Clock::now(), shape});
   return true;
 }
 

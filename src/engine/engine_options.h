@@ -24,6 +24,7 @@
 #include <string_view>
 
 #include "common/status.h"
+#include "engine/step_record.h"
 #include "memory/backend.h"
 #include "model/config.h"
 #include "model/forward.h"
@@ -89,6 +90,10 @@ struct EngineOptions {
   // fresh pages (memory/README.md). Costs host memory the size of the
   // weights while awake (GET /memory: kept_host_bytes); a level-2 sleep drops it.
   bool keep_offload_buffers = true;
+  // Called on the loop thread after every step that computed something,
+  // with its batch and times (step_record.h); for benchmarks. Must return
+  // quickly and must not call the engine.
+  StepObserver step_observer;
 };
 
 struct EngineLimits {

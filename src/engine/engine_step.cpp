@@ -98,11 +98,27 @@ Result<std::optional<std::vector<SampledToken>>> forward_and_choose(const Schedu
   return Chosen(std::move(sampled));
 }
 
+StepShape shape_of(const SchedulerOutput& out) {
+  StepShape s;
+  s.sequences = static_cast<int32_t>(out.sequences.size());
+  for (const ScheduledSequence& seq : out.sequences) {
+    const bool decode = seq.num_tokens == 1 && seq.start_pos >= static_cast<int32_t>(seq.prompt_tokens.size());
+    s.decodes += decode;
+    s.samples += seq.sample;
+    s.batched_tokens += seq.num_tokens;
+    if (!decode) s.prefill_tokens += seq.num_tokens;
+    s.context_tokens += static_cast<int64_t>(seq.start_pos) + seq.num_tokens;
+  }
+  return s;
+}
+
 }  // namespace
 
 Result<std::vector<RequestOutput>> run_step(Scheduler& scheduler, Model& model, const KvCacheView& kv,
-                                            Sampler& sampler, ForwardOutput& logits, bool choose_on_device) {
+                                            Sampler& sampler, ForwardOutput& logits, bool choose_on_device,
+                                            StepShape* shape) {
   SchedulerOutput out = scheduler.schedule();
+  if (shape) *shape = shape_of(out);
   if (out.empty()) return std::vector<RequestOutput>{};
   std::optional<std::vector<SampledToken>> sampled;
   if (choose_on_device && model.chooses_tokens()) {

@@ -17,6 +17,9 @@
 // prompt (SamplingParams::prompt_logprobs) takes all its chunk's rows and
 // hands their log-probabilities to Scheduler::update.
 //
+// `shape`, when given, gets the step's batch in numbers (step_record.h), also
+// when the forward fails; an empty step leaves it zero.
+//
 // An empty result means nothing was scheduled (all waiting for blocks or for
 // remote KV). If forward fails, no request advances (computed tokens move only
 // in update) and the error is returned; the caller decides whether to retry or
@@ -30,11 +33,13 @@
 #include "engine/request_output.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/step_record.h"
 #include "model/forward.h"
 
 namespace siesta {
 
 Result<std::vector<RequestOutput>> run_step(Scheduler& scheduler, Model& model, const KvCacheView& kv,
-                                            Sampler& sampler, ForwardOutput& logits, bool choose_on_device = true);
+                                            Sampler& sampler, ForwardOutput& logits, bool choose_on_device = true,
+                                            StepShape* shape = nullptr);
 
 }  // namespace siesta
