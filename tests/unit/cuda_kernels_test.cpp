@@ -696,6 +696,64 @@ TEST_F(CudaKernels, GemvAndFixedGemmGiveEachRowTheSameBits) {
   }
 }
 
+// The warpgroup-MMA fixed GEMM (sm_90a builds, K % 512 == 0) gives the
+// mma.sync kernel's bits for every element, whatever its tile width, its split
+// of K across CTAs (whole segments, combined in order) and M, in both outputs.
+TEST_F(CudaKernels, FixedGemmWgmmaGivesTheMmaKernelsBitsForEveryTileAndSplit) {
+  if (!fixed_gemm_wgmma_supported(1024, 1024)) GTEST_SKIP() << "built without sm_90a";
+  DeviceArray<float> d_ws(static_cast<size_t>(kProjectionSegments) * 1031 * 1032);
+  for (auto [N, K] : {std::pair{1032, 1024}, std::pair{4096, 1024}, std::pair{1024, 3072}, std::pair{264, 12288},
+                      std::pair{2048, 2048}}) {
+    auto w = random_bf16(static_cast<size_t>(N) * K, rng, 0.05f);
+    const int max_m = N * 1031 <= 1031 * 1032 ? 1031 : 200;
+    auto a = random_bf16(static_cast<size_t>(max_m) * K, rng);
+    Bf16Array d_w(w.size()), d_a(a.size());
+    d_w.upload(w);
+    d_a.upload(a);
+    for (int M : {1, 13, 64, 100, max_m}) {
+      for (bool f32 : {true, false}) {
+        const size_t bytes = static_cast<size_t>(M) * N * (f32 ? 4 : 2);
+        DeviceArray<uint8_t> d_ref(bytes), d_got(bytes);
+        FixedGemmOptions mma;
+        mma.kernel = 1;
+        CUDA_OK(launch_fixed_gemm(B(d_a), B(d_w), d_ref.get(), f32, M, N, K, nullptr, mma));
+        CUDA_OK(cudaDeviceSynchronize());
+        const auto ref = d_ref.download();
+        if (f32 && M == 13) {  // the reference itself against the product in double
+          std::vector<float> got(static_cast<size_t>(M) * N);
+          std::memcpy(got.data(), ref.data(), bytes);
+          const auto want = matmul_ref(to_f32(std::vector<uint16_t>(a.begin(), a.begin() + static_cast<size_t>(M) * K)),
+                                       to_f32(w), M, N, K);
+          EXPECT_LT(rel_err(got, want), 5e-3) << "N " << N << " K " << K;
+        }
+        for (int tile_n : {64, 128}) {
+          for (int splits : {1, 2, 4, 8}) {
+            const std::string what = "N " + std::to_string(N) + " K " + std::to_string(K) + " M " +
+                                     std::to_string(M) + (f32 ? " f32" : " bf16") + " tile " +
+                                     std::to_string(tile_n) + " splits " + std::to_string(splits);
+            FixedGemmOptions o;
+            o.kernel = 2;
+            o.tile_n = tile_n;
+            o.splits = splits;
+            o.workspace = d_ws.get();
+            o.workspace_bytes = static_cast<size_t>(kProjectionSegments) * 1031 * 1032 * sizeof(float);
+            CUDA_OK(cudaMemset(d_got.get(), 0xff, bytes));
+            CUDA_OK(launch_fixed_gemm(B(d_a), B(d_w), d_got.get(), f32, M, N, K, nullptr, o));
+            CUDA_OK(cudaDeviceSynchronize());
+            EXPECT_TRUE(d_got.download() == ref) << what;
+          }
+        }
+      }
+    }
+  }
+  // A split without a workspace is refused, not run unsplit.
+  Bf16Array d_w(static_cast<size_t>(64) * 1024), d_a(1024);
+  DeviceArray<float> d_y(64);
+  FixedGemmOptions o;
+  o.splits = 4;
+  EXPECT_EQ(launch_fixed_gemm(B(d_a), B(d_w), d_y.get(), true, 1, 64, 1024, nullptr, o), cudaErrorInvalidValue);
+}
+
 // A paged cache with scrambled block tables, random K/V, for attention tests.
 struct AttnFixture {
   int heads, kvh, hd, L = 2, layer = 1, blocks;

@@ -169,9 +169,12 @@ cudaError_t launch_tile(const bf16* a, const bf16* w, void* out, bool out_f32, i
 bool fixed_gemm_supported(int N, int K) { return N > 0 && K > 0 && K % kBK == 0 && N % 8 == 0; }
 
 cudaError_t launch_fixed_gemm(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K,
-                              LaunchConfig launch) {
+                              LaunchConfig launch, const FixedGemmOptions& options) {
   if (M <= 0) return cudaSuccess;
   if (!fixed_gemm_supported(N, K)) return cudaErrorInvalidValue;
+  if (options.kernel != 1 && fixed_gemm_wgmma_supported(N, K))
+    return launch_fixed_gemm_wgmma(a, w, out, out_f32, M, N, K, launch, options);
+  if (options.kernel == 2) return cudaErrorInvalidValue;
   if (M <= 16) return launch_tile<16, 64, 1, 4>(a, w, out, out_f32, M, N, K, launch);
   if (M <= 64) return launch_tile<64, 128, 2, 4>(a, w, out, out_f32, M, N, K, launch);
   return launch_tile<128, 128, 2, 4>(a, w, out, out_f32, M, N, K, launch);

@@ -277,9 +277,24 @@ constexpr int projection_segment_k(int K) {
 // result is bit-identical for every M, and equal to the canonical GEMV's.
 // Needs K % 32 == 0 and N % 8 == 0. out_f32: the output is fp32 holding
 // bf16-rounded values (logits, as kLogits above).
+// Where the build has sm_90a, K % 512 == 0 runs on warpgroup MMA
+// (gemm_fixed_wgmma.cu), which may split K by whole segments across CTAs when
+// the output tiles are fewer than the SMs: each segment's sum goes to the
+// workspace (kProjectionSegments * M * N floats) and a second kernel adds
+// them in order. Every choice below gives the same bits.
+struct FixedGemmOptions {
+  void* workspace = nullptr;  // for splits; without it (or too small) no split
+  size_t workspace_bytes = 0;
+  int kernel = 0;  // 0: the fastest the build has for the shape, 1: mma.sync, 2: wgmma
+  int splits = 0;  // wgmma: 0 chosen from the tile count, else 1, 2, 4 or 8
+  int tile_n = 0;  // wgmma: 0 chosen, else 64 or 128 output columns per CTA
+};
 bool fixed_gemm_supported(int N, int K);
 cudaError_t launch_fixed_gemm(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K,
-                              LaunchConfig launch);
+                              LaunchConfig launch, const FixedGemmOptions& options = {});
+bool fixed_gemm_wgmma_supported(int N, int K);  // false in builds without sm_90a
+cudaError_t launch_fixed_gemm_wgmma(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K,
+                                    LaunchConfig launch, const FixedGemmOptions& options);
 
 // x[i] = bf16(x[i]) in place (logits from cuBLASLt's fp32 output).
 cudaError_t launch_round_to_bf16(float* x, size_t n, LaunchConfig launch);

@@ -264,7 +264,9 @@ Result<PassDevice> CudaQwen3::Impl::upload(const cuda::StepPlan& plan, bool choo
 
 Result<void> CudaQwen3::Impl::linear(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K) {
   if (opt.batch_invariant)
-    return cuda::cuda_result(cuda::launch_fixed_gemm(a, w, out, out_f32, M, N, K, launch()), "fixed-order GEMM");
+    return cuda::cuda_result(
+        cuda::launch_fixed_gemm(a, w, out, out_f32, M, N, K, launch(), {scratch.gemm_ws, kGemmWorkspaceBytes}),
+        "fixed-order GEMM");
   return gemm->run(a, w, out, out_f32, M, N, K, stream);
 }
 

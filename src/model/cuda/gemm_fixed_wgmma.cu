@@ -1,0 +1,253 @@
+// The batch-invariant projection on Hopper's warpgroup MMA (sm_90a), for
+// K % 512 == 0 (every projection of the Qwen3 shapes): the same projection
+// order as gemm_fixed.cu's mma.sync kernel (kernels.h: kProjectionSegments),
+// so the same bits for every element, at tensor-core rates the mma.sync
+// kernel does not reach.
+//
+// A CTA is one warpgroup and a 64 x BN output tile (BN 64 or 128). K is
+// walked in 64-wide tiles through a kStages ring of 128-byte-swizzled shared
+// memory (A rows and weight rows both K-major, as wgmma reads them), filled
+// with cp.async; each tile is four m64nBNk16 wgmmas on one accumulator chain,
+// which is folded into the element's total at every segment's end and
+// restarted from zero. An element's arithmetic is so: per segment, one fp32
+// chain from zero over its natural k16 blocks in ascending order; the
+// segments' sums added in order from zero. mma.sync m16n8k16 and wgmma give
+// the same bits for the same k16 block and chain (tested against gemm_fixed.cu
+// for every shape it takes: cuda_kernels_test).
+//
+// Split: where the tiles are fewer than the SMs (decode batches), the CTAs of
+// grid.z take the segments in equal groups and store each segment's sum
+// (fp32) in the workspace, and a second kernel adds each element's segment
+// sums in order from zero: the same arithmetic as the unsplit fold.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "model/cuda/device_util.cuh"
+#include "model/cuda/kernels.h"
+#include "model/cuda/mma.cuh"
+#include "model/cuda/wgmma.cuh"
+
+namespace siesta::cuda {
+
+#if defined(SIESTA_CUDA_WGMMA)
+namespace {
+
+constexpr int kBM = 64;
+constexpr int kBK = 64;  // one 128-byte swizzled row of bf16
+constexpr int kThreads = 128;
+constexpr int kStages = 4;
+
+template <int BN>
+constexpr uint32_t stage_bytes() {
+  return static_cast<uint32_t>((kBM + BN) * kBK * sizeof(bf16));  // A rows then weight rows, 128 B each
+}
+template <int BN>
+constexpr size_t smem_bytes() {
+  return static_cast<size_t>(kStages) * stage_bytes<BN>() + 1024;  // +1 KB to align to 1024
+}
+
+template <int BN>
+__device__ __forceinline__ void wgmma_step(float (&d)[BN / 2], uint64_t a, uint64_t b) {
+  if constexpr (BN == 128)
+    dev::wgmma_m64n128k16_ss(d, a, b);
+  else
+    dev::wgmma_m64n64k16_ss<true>(d, a, b);
+}
+
+// Stores a 64 x BN fragment set (wgmma.cuh's accumulator layout) at rows bm0..,
+// columns bn0.. of a row-major [M, N] output: fp32, bf16-rounded fp32, or bf16.
+template <int BN, int kKind>  // 0: fp32 as is, 1: fp32 holding bf16, 2: bf16
+__device__ __forceinline__ void store_tile(const float (&d)[BN / 2], void* out, int M, int N, int bm0, int bn0) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const int col = bn0 + 8 * j + 2 * t;
+    if (col >= N) continue;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = bm0 + 16 * warp + g + 8 * half;
+      if (row >= M) continue;
+      const size_t idx = static_cast<size_t>(row) * N + col;
+      const float v0 = d[4 * j + 2 * half], v1 = d[4 * j + 2 * half + 1];
+      if constexpr (kKind == 0) {
+        *reinterpret_cast<float2*>(static_cast<float*>(out) + idx) = make_float2(v0, v1);
+      } else if constexpr (kKind == 1) {
+        *reinterpret_cast<float2*>(static_cast<float*>(out) + idx) =
+            __bfloat1622float2(__floats2bfloat162_rn(v0, v1));
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(static_cast<bf16*>(out) + idx) = __floats2bfloat162_rn(v0, v1);
+      }
+    }
+  }
+}
+
+// kSplit: grid.z CTAs per tile, each over kProjectionSegments / gridDim.z
+// segments, storing each segment's sum into partial[segment] ([M, N] fp32).
+template <int BN, bool kSplit, bool kOutF32>
+__global__ __launch_bounds__(kThreads, 2) void fixed_gemm_wgmma_kernel(const bf16* __restrict__ A,
+                                                                         const bf16* __restrict__ W, void* out,
+                                                                         float* partial, int M, int N, int K) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kAcc = BN / 2;  // fp32 accumulators per thread (64 x BN over 128 threads)
+  dev::begin_dependent_kernel();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t raw = dev::smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw + 1023) & ~1023u) - raw);
+  const uint32_t smem_base = dev::smem_addr(smem);
+
+  const int tid = threadIdx.x;
+  const int bm0 = blockIdx.y * kBM, bn0 = blockIdx.x * BN;
+  const int seg_tiles = K / kProjectionSegments / kBK;
+  const int segs_per_cta = kSplit ? kProjectionSegments / static_cast<int>(gridDim.z) : kProjectionSegments;
+  const int kt0 = (kSplit ? static_cast<int>(blockIdx.z) * segs_per_cta : 0) * seg_tiles;
+  const int kt1 = kt0 + segs_per_cta * seg_tiles;
+
+  auto load_tile = [&](int kt, int st) {
+    unsigned char* base = smem + st * stage_bytes<BN>();
+    const int k0 = kt * kBK;
+#pragma unroll
+    for (int j = 0; j < (kBM + BN) * 8 / kThreads; ++j) {
+      const int i = tid + j * kThreads, r = i >> 3, c = i & 7;
+      const bf16* src;
+      bool ok;
+      if (r < kBM) {
+        ok = bm0 + r < M;
+        src = ok ? A + static_cast<size_t>(bm0 + r) * K + k0 + c * 8 : A;
+      } else {
+        ok = bn0 + r - kBM < N;
+        src = ok ? W + static_cast<size_t>(bn0 + r - kBM) * K + k0 + c * 8 : W;
+      }
+      dev::cp_async16(base + dev::swizzle128(r, c), src, ok);
+    }
+  };
+
+  float acc[kAcc];
+  [[maybe_unused]] float tot[kSplit ? 1 : kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+  if constexpr (!kSplit) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) tot[i] = 0.0f;
+  }
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (kt0 + s < kt1) load_tile(kt0 + s, s);
+    dev::cp_async_commit();
+  }
+  for (int kt = kt0; kt < kt1; ++kt) {
+    const int i = kt - kt0;
+    dev::cp_async_wait<kStages - 2>();
+    dev::fence_async_shared();
+    __syncthreads();  // tile kt visible to the async proxy; every thread is done with tile kt - 1
+    if (kt + kStages - 1 < kt1) load_tile(kt + kStages - 1, (i + kStages - 1) % kStages);
+    dev::cp_async_commit();
+
+    const uint32_t a_smem = smem_base + (i % kStages) * stage_bytes<BN>();
+    const uint32_t b_smem = a_smem + kBM * 128;
+    dev::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk)
+      wgmma_step<BN>(acc, dev::smem_desc128(a_smem + kk * 32, 16, 1024), dev::smem_desc128(b_smem + kk * 32, 16, 1024));
+    dev::wgmma_commit();
+    dev::wgmma_wait<0>();
+    dev::wgmma_hold(acc);
+
+    if ((kt + 1) % seg_tiles == 0) {  // a segment's end
+      if constexpr (kSplit) {
+        const int seg = kt / seg_tiles;
+        store_tile<BN, 0>(acc, partial + static_cast<size_t>(seg) * M * N, M, N, bm0, bn0);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kAcc; ++e) tot[e] += acc[e];
+      }
+#pragma unroll
+      for (int e = 0; e < kAcc; ++e) acc[e] = 0.0f;
+    }
+  }
+  dev::cp_async_wait<0>();
+  if constexpr (!kSplit) store_tile<BN, kOutF32 ? 1 : 2>(tot, out, M, N, bm0, bn0);
+#endif
+}
+
+// out = the segments' sums added in order from zero, rounded as the unsplit kernel stores.
+template <bool kOutF32>
+__global__ void combine_segments_kernel(const float* __restrict__ partial, void* out, size_t elems) {
+  dev::begin_dependent_kernel();
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < elems;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    float v = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kProjectionSegments; ++s) v += partial[s * elems + i];
+    if constexpr (kOutF32)
+      static_cast<float*>(out)[i] = __bfloat162float(__float2bfloat16(v));
+    else
+      static_cast<bf16*>(out)[i] = __float2bfloat16(v);
+  }
+}
+
+template <int BN, bool kSplit, bool kOutF32>
+cudaError_t launch_variant(const bf16* a, const bf16* w, void* out, float* partial, int M, int N, int K, int splits,
+                           const LaunchConfig& launch) {
+  auto* kernel = fixed_gemm_wgmma_kernel<BN, kSplit, kOutF32>;
+  static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       static_cast<int>(smem_bytes<BN>()));
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid((N + BN - 1) / BN, (M + kBM - 1) / kBM, kSplit ? splits : 1);
+  if (grid.y > 65535) return cudaErrorInvalidValue;
+  cudaError_t err = launch_kernel(kernel, grid, kThreads, smem_bytes<BN>(), launch, a, w, out, partial, M, N, K);
+  if (err != cudaSuccess || !kSplit) return err;
+  const size_t elems = static_cast<size_t>(M) * N;
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((elems + 255) / 256, 8u * sm_count()));
+  return launch_kernel(combine_segments_kernel<kOutF32>, blocks, 256, 0, launch, partial, out, elems);
+}
+
+template <int BN>
+cudaError_t launch_bn(const bf16* a, const bf16* w, void* out, bool out_f32, float* partial, int M, int N, int K,
+                      int splits, const LaunchConfig& launch) {
+  if (splits > 1)
+    return out_f32 ? launch_variant<BN, true, true>(a, w, out, partial, M, N, K, splits, launch)
+                   : launch_variant<BN, true, false>(a, w, out, partial, M, N, K, splits, launch);
+  return out_f32 ? launch_variant<BN, false, true>(a, w, out, partial, M, N, K, 1, launch)
+                 : launch_variant<BN, false, false>(a, w, out, partial, M, N, K, 1, launch);
+}
+
+}  // namespace
+
+bool fixed_gemm_wgmma_supported(int N, int K) { return N > 0 && N % 8 == 0 && K > 0 && K % 512 == 0; }
+
+cudaError_t launch_fixed_gemm_wgmma(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K,
+                                    LaunchConfig launch, const FixedGemmOptions& opt) {
+  if (M <= 0) return cudaSuccess;
+  if (!fixed_gemm_wgmma_supported(N, K)) return cudaErrorInvalidValue;
+  const int sms = sm_count();
+  auto tiles = [&](int bn) { return static_cast<long>((M + kBM - 1) / kBM) * ((N + bn - 1) / bn); };
+  int bn = opt.tile_n;
+  if (bn == 0) bn = tiles(128) >= sms ? 128 : 64;
+  if (bn != 64 && bn != 128) return cudaErrorInvalidValue;
+  int splits = opt.splits;
+  const size_t need = static_cast<size_t>(kProjectionSegments) * M * N * sizeof(float);
+  if (splits == 0) {
+    splits = 1;
+    while (splits < kProjectionSegments && tiles(bn) * splits < sms) splits *= 2;
+    if (opt.workspace == nullptr || opt.workspace_bytes < need) splits = 1;
+  }
+  if (kProjectionSegments % splits != 0) return cudaErrorInvalidValue;
+  if (splits > 1 && (opt.workspace == nullptr || opt.workspace_bytes < need)) return cudaErrorInvalidValue;
+  float* partial = static_cast<float*>(opt.workspace);
+  return bn == 128 ? launch_bn<128>(a, w, out, out_f32, partial, M, N, K, splits, launch)
+                   : launch_bn<64>(a, w, out, out_f32, partial, M, N, K, splits, launch);
+}
+
+#else  // built without sm_90a: the mma.sync kernel only
+
+bool fixed_gemm_wgmma_supported(int, int) { return false; }
+cudaError_t launch_fixed_gemm_wgmma(const bf16*, const bf16*, void*, bool, int, int, int, LaunchConfig,
+                                    const FixedGemmOptions&) {
+  return cudaErrorNotSupported;
+}
+
+#endif
+
+}  // namespace siesta::cuda
