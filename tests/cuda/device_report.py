@@ -27,6 +27,9 @@ extra = sorted(f[3:-5] for f in os.listdir(out) if f.startswith("hf_") and f.end
                and f not in ("hf_tiny.json", "hf_0.6b.json", "hf_baseline.json"))
 for name in extra:
     summary["hf_" + name] = load(f"hf_{name}.json")
+for name in ("rl_rollout_0.6b_h200", "rl_rollout_serve_0.6b_h200", "rl_rollout_8b_h200"):
+    if load(f"{name}.json"):
+        summary[name] = load(f"{name}.json")
 json.dump(summary, open(os.path.join(out, "summary.json"), "w"), indent=1)
 
 rows = []
@@ -148,6 +151,40 @@ for name in ("rl_loop_0.6b_h200.json", "rl_loop_pd_0.6b_h200.json"):
                          f"update {it['update_server_s'] * 1e3:.1f} ms, trainer {it['trainer_share_of_freed']:.3f}"
                          " of freed", f"sleep {it['sleep_s']:.2f} s, wake {it['wake_weights_s'] + it['wake_kv_s']:.2f}"
                          f" s, = fresh engine: {it['equal_to_fresh_engine']}"))
+
+for shape in ("0.6b", "8b"):
+    r = load(f"rl_rollout_{shape}_h200.json")
+    if not r:
+        continue
+    w, b = r["workload"], r["batch"]
+    d = b["decode"]
+    goal = lambda met: "met" if met else "MISSED"  # noqa: E731
+    rows.append((f"rl_rollout {shape} {w['sequences']} x ({w['prompt']} + {w['output']})",
+                 f"{b['output_tokens_per_s']:.0f} tok/s, step {d['period_ms'].get('mean', 0):.2f} ms",
+                 f"floor {d['floor_ms'].get('mean', 0):.2f} ms: {d['floor_ratio_mean']:.2f} of it (goal >= "
+                 f"{d['goal']}: {goal(d['goal_met'])}); prefill phase {b['prefill_phase']['ms'] / 1e3:.1f} s, "
+                 f"{b['preemptions']} preemptions"))
+    for bn in b["bins"][:: max(1, len(b["bins"]) // 4)]:
+        rows.append((f"  decode steps {bn['first_step']}+", f"{bn['period_ms']:.2f} ms",
+                     f"floor {bn['floor_ms']:.2f} ms ({bn['floor_ratio']:.2f}), "
+                     f"context {bn['context_per_sequence']:.0f}"))
+    lone = r["lone"]
+    warm = lone["warm"][0] if lone["warm"] else lone["fresh"]
+    rows.append((f"rl_rollout {shape} lone {lone['prompt']}-token TTFT fresh / warm",
+                 f"{lone['fresh']['ttft_ms']:.1f} / {lone['warm_median_ttft_ms']:.1f} ms",
+                 f"warm: prefill {warm['prefill_ms']:.2f} ms + decode step {warm['decode_step_ms']:.3f} ms, "
+                 f"ratio {lone['warm_median_ratio']:.2f} (goal <= {lone['goal']}: {goal(lone['goal_met'])}); "
+                 f"fresh: prefill {lone['fresh']['prefill_ms']:.1f} ms, first decode step "
+                 f"{lone['fresh']['first_decode_step_ms']:.1f} ms"))
+    srv = load(f"rl_rollout_serve_{shape}_h200.json")
+    if srv:
+        bs = srv["bench_serve"]
+        rows.append((f"rl_rollout_serve {shape} (siesta serve, {srv['workload']['num_prompts']} clients)",
+                     f"{bs['output_throughput']:.0f} tok/s, {srv['ratio']:.2f} of the engine",
+                     f"goal >= {srv['goal']}: {'met' if srv['goal_met'] else 'MISSED'}; "
+                     f"TPOT {bs['mean_tpot_ms']:.2f} ms, server's share of a step "
+                     f"{srv['server_share_of_step'] * 100:.1f}%; lone TTFT fresh "
+                     f"{srv['lone']['fresh']['ttft_ms']:.1f} ms, warm {srv['lone']['warm_median_ttft_ms']:.1f} ms"))
 
 w0 = max(len(r[0]) for r in rows)
 w1 = max(len(r[1]) for r in rows)
