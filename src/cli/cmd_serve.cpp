@@ -8,7 +8,7 @@
 //              [--chat-template FILE|TEMPLATE] [--enable-auto-tool-choice] [--tool-call-parser hermes]
 //              [--reasoning-parser qwen3] [--trust-request-chat-template]
 //              [--exclude-tools-when-tool-choice-none] [--default-chat-template-kwargs JSON]
-//              [--metrics-require-key] [--vllm-metric-names]
+//              [--metrics-require-key] [--vllm-metric-names] [--weight-socket PATH]
 //
 // The chat and metrics flags are vLLM's (docs/vllm-compatibility.md); the API
 // key comes from --api-key, else the VLLM_API_KEY environment variable, as
@@ -17,6 +17,10 @@
 // --kv-transfer-config (vLLM's shape, src/pd/pd_config.h) makes the engine a
 // P/D prefill (kv_producer), decode (kv_consumer) or both (kv_both) instance
 // behind `siesta proxy`; it is checked before the model loads.
+//
+// --weight-socket PATH (with --enable-sleep-mode) also answers /update_weights
+// on a Unix socket at PATH, where a trainer passes a memfd as a descriptor
+// (docs/weight-socket.md); the file is removed on exit.
 //
 // Loads the model into an Engine and answers the OpenAI-compatible HTTP API
 // (src/server) until SIGINT or SIGTERM. Prints one line on stderr once it
@@ -84,6 +88,10 @@ Result<void> apply_chat_flags(ServeFlags& f) {
 Result<void> run_serve(ServeFlags& f) {
   SIESTA_TRY(f.device.apply(f.engine));
   SIESTA_TRY(apply_chat_flags(f));
+  // Before the model loads (ApiServer::bind checks it too, and listens).
+  if (!f.server.weight_socket.empty() && !f.engine.enable_sleep_mode)
+    return invalid_argument("--weight-socket answers /update_weights, an admin call of sleep mode; add "
+                            "--enable-sleep-mode");
   // A chat template that cannot be used fails before the model loads.
   if (auto t = server::ChatTemplate::load(f.engine.model_dir, f.server.chat_template); !t)
     return t.error().with_context("the chat template cannot be used");
@@ -190,6 +198,11 @@ void add_serve_command(CLI::App& app) {
                   "\"mode\": \"write|read\", ...}}");
   cmd->add_flag("--enable-sleep-mode", f->engine.enable_sleep_mode,
                 "Admin API of sleep mode: /sleep, /wake_up, /release_kv_cache_memory, /reload_weights, ...");
+  cmd->add_option("--weight-socket", f->server.weight_socket,
+                  "Also answer /update_weights on a Unix SOCK_SEQPACKET socket at PATH (mode 0600), where a trainer "
+                  "passes its shared memory as a descriptor: {\"source\": \"shm\", \"fd\": 0, ...} "
+                  "(docs/weight-socket.md; needs --enable-sleep-mode)")
+      ->type_name("PATH");
   cmd->add_option("--max-held-requests", f->engine.max_held_requests,
                   "Requests that wait while the engine is paused or asleep; beyond, 503")
       ->check(CLI::Range(0, INT32_MAX))

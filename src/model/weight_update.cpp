@@ -188,7 +188,7 @@ Result<SharedWeightFile> SharedWeightFile::open(const WeightUpdate& u) {
   int fd = u.fd;
   bool own = false;
   if (fd >= 0) {
-    f.name_ = fmt::format("descriptor {}", fd);
+    f.name_ = u.path.empty() ? fmt::format("descriptor {}", fd) : u.path.string();
   } else {
     if (u.path.empty())
       return invalid_argument(

@@ -70,7 +70,8 @@ struct PushedTensor {
 struct WeightUpdate {
   WeightSource source = WeightSource::kDir;
   // kDir: the checkpoint directory (empty: the one the weights hold now);
-  // kShm: the file (unless fd is given).
+  // kShm: the file, or with fd given what messages and the report call it
+  // (empty: "descriptor N").
   std::filesystem::path path;
   int fd = -1;  // kShm: an open descriptor instead of path; the caller's (not closed)
   std::vector<CudaIpcBuffer> buffers;

@@ -90,14 +90,21 @@ nlohmann::json memory_json(const EngineMemoryReport& r, EngineState state) {
   return out;
 }
 
+// The 400 of an admin route (`route`: "POST /sleep") while sleep mode is off.
+std::optional<ApiError> sleep_mode_error(const Engine& engine, const std::string& route) {
+  if (engine.options().enable_sleep_mode) return std::nullopt;
+  return ApiError{400, "invalid_request_error", "sleep_mode_disabled",
+                  route +
+                      " is an admin endpoint of sleep mode, which is off; restart siesta serve with "
+                      "--enable-sleep-mode to use it",
+                  {}};
+}
+
 // 400 unless sleep mode is on; false after answering.
 bool check_sleep_mode(const ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
-  if (ctx.engine.options().enable_sleep_mode) return true;
-  send_error(res, ApiError{400, "invalid_request_error", "sleep_mode_disabled",
-                           req.method + " " + req.path +
-                               " is an admin endpoint of sleep mode, which is off; restart siesta serve with "
-                               "--enable-sleep-mode to use it",
-                           {}});
+  auto error = sleep_mode_error(ctx.engine, req.method + " " + req.path);
+  if (!error) return true;
+  send_error(res, *error);
   return false;
 }
 
@@ -141,6 +148,24 @@ Result<Deadline> rpc_deadline(const httplib::Request& req, const nlohmann::json&
 }
 
 }  // namespace
+
+AdminAnswer update_weights_answer(Engine& engine, const std::string& text, PassedDescriptors passed,
+                                  Deadline deadline) {
+  auto refuse = AdminAnswer::refusal;
+  if (auto error = sleep_mode_error(engine, "POST /update_weights")) return refuse(*error);
+  nlohmann::json body;
+  if (auto error = parse_json_text(text, body)) return refuse(*error);
+  auto update = parse_weight_update(body, passed);
+  if (!update) return refuse(ApiError::from_status(update.error()));
+  Result<EngineStatus> r = engine.update_weights(std::move(*update), deadline);
+  if (!r) return refuse(ApiError::from_status(r.error()));
+  nlohmann::json out = status_json(*r);
+  const WeightUpdateReport& w = *r->call.weights_update;
+  out["updated"] = w.tensors;
+  out["bytes"] = w.bytes;
+  out["seconds"] = r->call.seconds;
+  return AdminAnswer{200, std::move(out)};
+}
 
 void add_admin_routes(httplib::Server& s, ServerContext& ctx) {
   // A POST admin route: sleep mode checked, body read (content reader, as the
@@ -284,21 +309,12 @@ void add_admin_routes(httplib::Server& s, ServerContext& ctx) {
     answer(req, res, ctx.engine.reload_weights(*dir, *deadline), {{"results", nlohmann::json::array({nullptr})}});
   });
   // Weights pushed by a trainer (weight_update_request.h): {"updated", "bytes", "seconds"} and the status.
+  // The weight socket (weight_socket.h) answers the same through update_weights_answer.
   post("/update_weights", [&ctx, fail](const httplib::Request& req, const std::string& text, httplib::Response& res) {
-    nlohmann::json body;
-    if (!parse_json_body(text, res, body)) return;
-    auto update = parse_weight_update(body);
-    if (!update) return fail(res, update.error());
     auto deadline = deadline_param(req);
     if (!deadline) return fail(res, deadline.error());
-    Result<EngineStatus> r = ctx.engine.update_weights(std::move(*update), *deadline);
-    if (!r) return fail(res, r.error());
-    nlohmann::json out = status_json(*r);
-    const WeightUpdateReport& w = *r->call.weights_update;
-    out["updated"] = w.tensors;
-    out["bytes"] = w.bytes;
-    out["seconds"] = r->call.seconds;
-    send_json(res, 200, out);
+    const AdminAnswer a = update_weights_answer(ctx.engine, text, PassedDescriptors{}, *deadline);
+    send_json(res, a.status, a.body);
   });
   get("/memory", [&ctx](const httplib::Request&, httplib::Response& res) {
     const EngineMemoryReport r = ctx.engine.memory_report(Clock::now() + std::chrono::seconds(10));

@@ -34,14 +34,32 @@
 //
 // Handlers parse, validate and translate; the Engine does the work. They run
 // on the HTTP thread pool, several at once; the engine serialises them.
+//
+// update_weights_answer is POST /update_weights without HTTP: the route and
+// the weight socket (weight_socket.h) both call it, so a push is checked,
+// refused and answered the same whichever brought it.
 #pragma once
 
 #include <httplib.h>
 
+#include <string>
+
+#include "common/clock.h"
+#include "server/admin_answer.h"
 #include "server/server_context.h"
+#include "server/weight_update_request.h"
 
 namespace siesta::server {
 
 void add_admin_routes(httplib::Server& server, ServerContext& ctx);
+
+// POST /update_weights of the body `text` (JSON) with the descriptors passed
+// with it (none over HTTP), until `deadline`: sleep mode (400 without), the
+// JSON, its fields (weight_update_request.h), then Engine::update_weights (409
+// while the engine serves; 400 naming each tensor at fault) and its answer:
+// the EngineStatus with "updated", "bytes", "seconds". The descriptors stay
+// the caller's: it closes them once this returns.
+AdminAnswer update_weights_answer(Engine& engine, const std::string& text, PassedDescriptors passed,
+                                  Deadline deadline);
 
 }  // namespace siesta::server

@@ -36,6 +36,11 @@ Result<int> int_param(const httplib::Request& req, const char* name, int fallbac
   return out;
 }
 
+Deadline default_admin_deadline() {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kDefaultTimeoutSeconds));
+}
+
 Result<Deadline> deadline_param(const httplib::Request& req) {
   double seconds = kDefaultTimeoutSeconds;
   if (req.has_param("timeout")) {

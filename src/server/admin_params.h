@@ -25,6 +25,8 @@ Result<std::optional<bool>> bool_param(const httplib::Request& req, const char* 
 Result<int> int_param(const httplib::Request& req, const char* name, int fallback);
 // `timeout` seconds in (0, 86400] from now (default 120).
 Result<Deadline> deadline_param(const httplib::Request& req);
+// The deadline of a call without `timeout`: 120 s from now.
+Deadline default_admin_deadline();
 // `mode`: abort|wait|keep; absent: fallback.
 Result<PauseMode> mode_param(const httplib::Request& req, PauseMode fallback);
 // `tags` repeated or comma-separated; none: every tag.

@@ -1,15 +1,19 @@
 #include "server/api_server.h"
 
+#include <algorithm>
 #include <cctype>
 #include <ctime>
+#include <span>
 
 #include "common/exception_text.h"
 #include "common/listen_backlog.h"
 #include "common/log.h"
 #include "server/admin_handlers.h"
+#include "server/admin_params.h"
 #include "server/generation_handler.h"
 #include "server/info_handlers.h"
 #include "server/server_context.h"
+#include "server/weight_socket.h"
 
 namespace siesta::server {
 namespace {
@@ -185,6 +189,10 @@ ApiServer::~ApiServer() { stop(); }
 Result<int> ApiServer::bind() {
   const ServerOptions& o = ctx_->options;
   if (!ctx_->chat_template) return invalid_argument("the chat template cannot be used: " + ctx_->chat_template_error);
+  if (!o.weight_socket.empty() && !ctx_->engine.options().enable_sleep_mode)
+    return invalid_argument("--weight-socket " + o.weight_socket.string() +
+                            ": the weight socket answers /update_weights, an admin call of sleep mode; add "
+                            "--enable-sleep-mode");
   if (o.port == 0) {
     http_->port = http_->server.bind_to_any_port(o.host);
   } else if (http_->server.bind_to_port(o.host, o.port)) {
@@ -194,12 +202,31 @@ Result<int> ApiServer::bind() {
     return io_error("cannot listen on " + o.host + ":" + std::to_string(o.port) +
                     " (address in use, or not an address of this host); choose another --host or --port");
   SIESTA_TRY(http_->backlog.raise());
+  if (!o.weight_socket.empty() && !weight_socket_) {
+    // The same call as POST /update_weights (admin_handlers.h), with the packet's descriptors.
+    Engine& engine = ctx_->engine;
+    WeightSocketOptions wo;
+    wo.max_packet_bytes = std::min(wo.max_packet_bytes, o.http.limits.max_body_bytes);
+    auto ws = WeightSocket::listen(
+        o.weight_socket,
+        [&engine](const std::string& body, std::span<const int> fds) {
+          return update_weights_answer(engine, body, PassedDescriptors{true, fds}, default_admin_deadline());
+        },
+        wo);
+    if (!ws) return ws.error().with_context("--weight-socket");
+    weight_socket_ = std::move(*ws);
+    SIESTA_LOG_INFO("server: /update_weights also on the Unix socket {} (descriptors passed as SCM_RIGHTS)",
+                    o.weight_socket.string());
+  }
   return http_->port;
 }
 
 Result<void> ApiServer::serve() {
   if (http_->port <= 0) return conflict("serve() before a successful bind()");
-  if (!http_->server.listen_after_bind() && !ctx_->stopping.load())
+  if (weight_socket_) weight_socket_->start();
+  const bool listened = http_->server.listen_after_bind();
+  if (weight_socket_) weight_socket_->stop();
+  if (!listened && !ctx_->stopping.load())
     return io_error("the HTTP server stopped listening on port " + std::to_string(http_->port));
   return {};
 }
@@ -207,6 +234,7 @@ Result<void> ApiServer::serve() {
 void ApiServer::stop() {
   ctx_->stopping.store(true);
   if (http_->server.is_running()) http_->server.stop();
+  if (weight_socket_) weight_socket_->stop();
 }
 
 }  // namespace siesta::server

@@ -7,6 +7,11 @@
 //   server.stop();                            // from another thread (a signal handler thread):
 //                                             // waiting handlers abort their requests, serve() returns
 //
+// With options.weight_socket, bind() also listens on that Unix socket
+// (weight_socket.h: /update_weights with a memfd passed as a descriptor;
+// needs sleep mode), serve() answers it on a thread of its own, and stop()
+// ends that thread and removes the socket file.
+//
 // Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
 // GET /health, POST /tokenize, POST /detokenize, GET /metrics, GET /version,
 // GET /kv_transfer_info (P/D: where this engine's transfer side channel
@@ -31,6 +36,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -65,9 +71,13 @@ struct ServerOptions {
   bool vllm_metric_names = false;
   // What GET /server_info reports of the serve flags (the CLI fills it).
   nlohmann::json server_info;
+  // --weight-socket: where a trainer passes memfds for /update_weights
+  // (weight_socket.h); empty: no such socket.
+  std::filesystem::path weight_socket;
 };
 
 struct ServerContext;
+class WeightSocket;
 
 class ApiServer {
  public:
@@ -85,6 +95,7 @@ class ApiServer {
   struct Http;
   std::unique_ptr<ServerContext> ctx_;
   std::unique_ptr<Http> http_;
+  std::unique_ptr<WeightSocket> weight_socket_;
 };
 
 }  // namespace siesta::server

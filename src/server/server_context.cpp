@@ -34,21 +34,24 @@ bool read_body(const httplib::Request& req, const httplib::ContentReader& reader
   return false;
 }
 
-bool parse_json_body(const std::string& body, httplib::Response& res, nlohmann::json& out) {
+std::optional<ApiError> parse_json_text(const std::string& body, nlohmann::json& out) {
   // The HTTP intake refuses bodies deeper than --max-json-depth before a
   // handler runs; this holds where nothing else did (the intake's check off).
   Result<nlohmann::json> parsed = parse_json(body, kMaxJsonDepthLimit);
-  if (!parsed && parsed.error().code == ErrorCode::kInvalidArgument) {
-    send_error(res, ApiError{400, "invalid_request_error", "json_too_deep", "the request body: " + parsed.error().message,
-                             {}});
-    return false;
-  }
-  if (parsed) out = std::move(*parsed);
-  if (!parsed) {
-    send_error(res, ApiError{400, "invalid_request_error", "invalid_json",
-                             body.empty() ? "the request body is empty; send a JSON object"
-                                          : "the request body is not valid JSON",
-                             {}});
+  if (!parsed && parsed.error().code == ErrorCode::kInvalidArgument)
+    return ApiError{400, "invalid_request_error", "json_too_deep", "the request body: " + parsed.error().message,
+                    {}};
+  if (!parsed)
+    return ApiError{400, "invalid_request_error", "invalid_json",
+                    body.empty() ? "the request body is empty; send a JSON object" : "the request body is not valid JSON",
+                    {}};
+  out = std::move(*parsed);
+  return std::nullopt;
+}
+
+bool parse_json_body(const std::string& body, httplib::Response& res, nlohmann::json& out) {
+  if (auto error = parse_json_text(body, out)) {
+    send_error(res, *error);
     return false;
   }
   return true;

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "engine/engine.h"
@@ -51,6 +52,8 @@ bool read_body(const httplib::Request& req, const httplib::ContentReader& reader
                std::string& body);
 // The body as a JSON value, or false after answering 400 for malformed JSON.
 bool parse_json_body(const std::string& body, httplib::Response& res, nlohmann::json& out);
+// The same without a response: the 400 it would answer, or nullopt and `out` set.
+std::optional<ApiError> parse_json_text(const std::string& body, nlohmann::json& out);
 // 404 model_not_found when the body names a model other than the served one
 // (a missing "model" means the served model). Returns false after answering.
 bool check_model(const ServerContext& ctx, const nlohmann::json& body, httplib::Response& res);

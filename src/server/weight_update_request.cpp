@@ -109,6 +109,15 @@ Result<CudaIpcBuffer> parse_buffer(const json& b, size_t i) {
   return out;
 }
 
+// A body that names no descriptor came with none.
+Ok no_descriptors_unnamed(const WeightUpdate& u, PassedDescriptors passed) {
+  if (u.fd >= 0 || passed.fds.empty()) return {};
+  return invalid_argument("the packet carried " + std::to_string(passed.fds.size()) + " descriptor" +
+                          (passed.fds.size() == 1 ? "" : "s") +
+                          ", but the body names none (\"source\": \"shm\" with \"fd\": 0 names one); send "
+                          "exactly the descriptors it names");
+}
+
 }  // namespace
 
 Result<std::string> decode_base64(const std::string& text) {
@@ -140,7 +149,7 @@ Result<std::string> decode_base64(const std::string& text) {
   return out;
 }
 
-Result<WeightUpdate> parse_weight_update(const json& body) {
+Result<WeightUpdate> parse_weight_update(const json& body, PassedDescriptors passed) {
   if (!body.is_object())
     return invalid_argument("the request body must be a JSON object (\"source\": shm, cuda_ipc or dir), got " +
                             json_type_name(body));
@@ -169,20 +178,42 @@ Result<WeightUpdate> parse_weight_update(const json& body) {
         dir = std::move(v);
       }
       if (dir) u.path = *dir;  // none: the checkpoint the weights hold
+      SIESTA_TRY(no_descriptors_unnamed(u, passed));
       u.complete = true;
       return u;
     }
     case WeightSource::kShm: {
       SIESTA_TRY(only_fields(body, {"source", "path", "fd", "tensors", "complete"}, ""));
-      if (body.contains("fd"))
-        return invalid_argument(
-            "'fd' names a descriptor of this process, which an HTTP client cannot give; name a "
-            "memfd by its path instead: \"path\": \"/proc/<pid>/fd/<n>\"");
       SIESTA_ASSIGN_OR_RETURN(std::optional<std::string> path, read_string(body, "path"));
+      auto fd = body.find("fd");
+      if (fd != body.end() && !fd->is_null()) {
+        if (!passed.can_pass)
+          return invalid_argument(
+              "'fd' indexes the descriptors passed with the body, which HTTP cannot carry; pass the memfd over the "
+              "weight socket (siesta serve --weight-socket PATH, docs/weight-socket.md), or name it by its path: "
+              "\"path\": \"/proc/<pid>/fd/<n>\"");
+        if (path) return invalid_argument("give the shared memory once: 'path' or 'fd', not both");
+        SIESTA_ASSIGN_OR_RETURN(uint64_t index, non_negative(*fd, "fd"));
+        if (passed.fds.empty())
+          return invalid_argument("'fd' is " + std::to_string(index) +
+                                  ", but the packet carried no descriptor: send the memfd with the body (SCM_RIGHTS, "
+                                  "e.g. socket.send_fds)");
+        if (index >= passed.fds.size())
+          return invalid_argument("'fd' is " + std::to_string(index) + ", but the packet carried " +
+                                  std::to_string(passed.fds.size()) + " descriptor" +
+                                  (passed.fds.size() == 1 ? "" : "s") + " (indices from 0)");
+        if (passed.fds.size() != 1)
+          return invalid_argument("the packet carried " + std::to_string(passed.fds.size()) +
+                                  " descriptors, but the body names one ('fd'); send exactly the descriptors it names");
+        u.fd = passed.fds[index];
+        u.path = "fd " + std::to_string(index) + " of the weight socket";
+        break;
+      }
       if (!path || path->empty())
         return invalid_argument(
-            "'path' is required: the shared memory file (/dev/shm/NAME, or /proc/<pid>/fd/<n> "
-            "for a memfd)");
+            std::string("'path' is required: the shared memory file (/dev/shm/NAME, or /proc/<pid>/fd/<n> for a "
+                        "memfd)") +
+            (passed.can_pass ? ", or 'fd': the index of a descriptor passed with the body" : ""));
       u.path = *path;
       break;
     }
@@ -198,6 +229,7 @@ Result<WeightUpdate> parse_weight_update(const json& body) {
       break;
     }
   }
+  SIESTA_TRY(no_descriptors_unnamed(u, passed));
   SIESTA_ASSIGN_OR_RETURN(std::optional<bool> complete, read_bool(body, "complete"));
   u.complete = complete.value_or(false);
   auto tensors = body.find("tensors");

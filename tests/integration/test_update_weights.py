@@ -8,20 +8,33 @@ that checkpoint, and the answer counts the tensors and bytes. A push naming an u
 tensor, an unknown body field, a CUDA IPC push to the CPU model and a push while serving are refused
 (400 / 409, the message naming what is wrong) and the outputs stay what they were; the directory
 source reads a checkpoint as reload_weights does.
+
+The weight socket (`--weight-socket PATH`, docs/weight-socket.md): an anonymous memfd passed over the
+Unix socket (socket.send_fds, "fd": 0) gives a fresh engine's outputs, with the HTTP route's answer;
+one connection sends several requests; a missing, extra or badly indexed descriptor, a truncated
+memfd, a pipe, an unknown field, malformed JSON, a packet over the limit and a push while serving are
+refused by name (the same JSON as over HTTP) and change nothing; the server's descriptor count and
+mappings do not grow over 120 requests; streaming clients see no error and no lost request while
+pause, an update over the socket and resume cycle; a path that is no socket, a socket another server
+listens on and a missing --enable-sleep-mode are one-line CLI errors, a stale socket file is replaced,
+and the file goes when the server does.
 """
 import http.client
 import json
 import os
 import shutil
 import socket
+import stat
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from siesta_test_util import Checks, parse_args, run  # noqa: E402
+from siesta_test_util import (Checks, completion_outcome, expect_clean_error, http_exchange, parse_args,  # noqa: E402
+                              run)
 
 args = parse_args()
 SIESTA = args.siesta
@@ -29,6 +42,8 @@ MODEL = os.path.join(args.source, "models", "tiny-qwen3")
 checks = Checks()
 tmp = tempfile.mkdtemp(prefix="siesta-update-")
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 5, 8, 13,"]
+WEIGHT_SOCKET = os.path.join(tmp, "weights.sock")
+MAX_PACKET = 64 << 10  # --max-request-body-bytes of the server: the socket's packet limit too
 
 
 def free_port():
@@ -128,6 +143,34 @@ def pack(tensors, dtype="bfloat16"):
     return bytes(blob), desc
 
 
+def memfd_of(blob, name="siesta-socket-test"):
+    """An anonymous memfd holding blob (no path anyone could open it by)."""
+    fd = os.memfd_create(name)
+    view = memoryview(blob)
+    while view:
+        view = view[os.write(fd, view):]
+    return fd
+
+
+def socket_connect(path=WEIGHT_SOCKET):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(60)
+    s.connect(path)
+    return s
+
+
+def socket_call(s, body=None, fds=(), raw=None):
+    """One request on the weight socket: (status, body) of its answer packet."""
+    data = raw if raw is not None else json.dumps(body).encode()
+    if fds:
+        socket.send_fds(s, [data], list(fds))
+    else:
+        s.send(data)
+    answer = json.loads(s.recv(1 << 20))
+    assert set(answer) == {"status", "body"}, answer
+    return answer["status"], answer["body"]
+
+
 def shm_file(blob, name):
     path = f"/dev/shm/siesta-test-{os.getpid()}-{name}"
     with open(path, "wb") as f:
@@ -149,7 +192,8 @@ try:
     servers.append(fresh)
     theirs = fresh.outputs()
     fresh.stop()
-    srv = Server(MODEL, "--enable-sleep-mode")
+    srv = Server(MODEL, "--enable-sleep-mode", "--weight-socket", WEIGHT_SOCKET, "--max-request-body-bytes",
+                 str(MAX_PACKET))
     servers.append(srv)
     ours = srv.outputs()
     assert ours != theirs
@@ -231,6 +275,226 @@ try:
         srv.admin("/resume")
         assert srv.outputs() == ours
     checks.check("the dir source (and vLLM's weights_path) reads a checkpoint", dir_source)
+
+    ours_blob, ours_desc = pack(ours_tensors)
+
+    def push_a_memfd_over_the_socket():
+        st = os.lstat(WEIGHT_SOCKET)
+        assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600, oct(st.st_mode)
+        theirs_fd, ours_fd = memfd_of(blob), memfd_of(ours_blob)
+        try:
+            srv.admin("/pause?mode=keep")
+            with socket_connect() as s:
+                status, j = socket_call(s, {"source": "shm", "fd": 0, "tensors": desc, "complete": True}, [theirs_fd])
+                assert status == 200, (status, j)
+                assert j["updated"] == len(desc), j
+                assert j["bytes"] == sum(len(t[2]) for t in theirs_tensors), j
+                assert j["seconds"] > 0 and j["weights_source"] == "shm" and j["weights_loaded"], j
+                assert j["call"]["weights_update"]["from"] == "fd 0 of the weight socket", j
+                assert j["state"] == "paused", j
+                srv.admin("/resume")
+                assert srv.outputs() == theirs
+                # The same connection, a second request: back to our weights, in float32 and two chunks.
+                blob32, desc32 = pack(ours_tensors, "float32")
+                fd32 = memfd_of(blob32)
+                try:
+                    srv.admin("/pause?mode=keep")
+                    half = len(desc32) // 2
+                    for part in (desc32[:half], desc32[half:]):
+                        status, j = socket_call(s, {"source": "shm", "fd": 0, "tensors": part}, [fd32])
+                        assert status == 200 and j["updated"] == len(part), (status, j)
+                    srv.admin("/resume")
+                finally:
+                    os.close(fd32)
+            assert srv.outputs() == ours
+        finally:
+            os.close(theirs_fd)
+            os.close(ours_fd)
+    checks.check("a memfd passed over the weight socket gives a fresh engine's outputs (several requests on one "
+                 "connection)", push_a_memfd_over_the_socket)
+
+    def socket_refusals_name_the_problem_and_change_nothing():
+        full = memfd_of(blob)
+        short = memfd_of(blob[:len(blob) // 2])
+        r, w = os.pipe()
+        body = {"source": "shm", "fd": 0, "tensors": desc, "complete": True}
+        try:
+            srv.admin("/pause?mode=keep")
+            with socket_connect() as s:
+                def refused(status_expected, needle, b=None, fds=(), raw=None):
+                    status, j = socket_call(s, b, fds, raw)
+                    assert status == status_expected, (status, j)
+                    msg = j["error"]["message"]
+                    assert needle in msg, (needle, msg)
+                    assert j["error"]["type"] == "invalid_request_error", j
+                    return j
+                refused(400, "carried no descriptor", body)                               # missing fd
+                refused(400, "carried 2 descriptors, but the body names one", body, [full, full])  # extra fd
+                refused(400, "but the body names none", {**{k: v for k, v in body.items() if k != "fd"},
+                                                         "path": path}, [full])
+                refused(400, "'fd' is 1, but the packet carried 1 descriptor", {**body, "fd": 1}, [full])
+                j = refused(400, "past the end of their source", body, [short])           # truncated memfd
+                assert "unchanged" in j["error"]["message"], j
+                refused(400, "not a regular file", body, [r])                              # a pipe
+                refused(400, "unknown field 'wait'", {**body, "wait": True}, [full])
+                refused(400, "not valid JSON", raw=b"{not json", fds=[full])
+                refused(400, "'path' or 'fd', not both", {**body, "path": path}, [full])
+                j = refused(413, f"larger than the limit of {MAX_PACKET} bytes", raw=b" " * (MAX_PACKET + 1),
+                            fds=[full])
+                assert j["error"]["code"] == "request_too_large", j
+                # The same JSON as the HTTP route answers for the same body.
+                bad = {"source": "shm", "path": path, "tensors": desc, "wait": True}
+                over_http = srv.request("POST", "/update_weights", bad)
+                assert socket_call(s, bad) == over_http, (socket_call(s, bad), over_http)
+                srv.admin("/resume")
+                status, j = socket_call(s, body, [full])                                   # not paused
+                assert status == 409 and "pause" in j["error"]["message"], (status, j)
+                assert socket_call(s, {**body, "fd": None, "path": path}) == srv.request(
+                    "POST", "/update_weights", {**body, "fd": None, "path": path})
+            # Over HTTP "fd" is refused, pointing at the socket.
+            status, j = srv.request("POST", "/update_weights", body)
+            assert status == 400 and "--weight-socket" in j["error"]["message"], (status, j)
+            assert srv.outputs() == ours
+        finally:
+            for fd in (full, short, r, w):
+                os.close(fd)
+    checks.check("refusals over the socket (missing, extra and bad descriptors, a truncated memfd, a pipe, unknown "
+                 "fields, too large, not paused) name the problem and change nothing",
+                 socket_refusals_name_the_problem_and_change_nothing)
+
+    def server_descriptors_do_not_grow():
+        def fds():
+            return len(os.listdir(f"/proc/{srv.proc.pid}/fd"))
+
+        def memfd_maps():
+            with open(f"/proc/{srv.proc.pid}/maps") as f:
+                return [line for line in f if "siesta-socket-test" in line]
+        ours_fd = memfd_of(ours_blob)
+        short = memfd_of(ours_blob[:1000])
+        try:
+            srv.admin("/pause?mode=keep")
+            time.sleep(0.2)
+            before = fds()
+            body = {"source": "shm", "fd": 0, "tensors": ours_desc, "complete": True}
+            with socket_connect() as s:
+                for i in range(40):
+                    assert socket_call(s, body, [ours_fd])[0] == 200
+                    assert socket_call(s, body, [short])[0] == 400
+                    assert socket_call(s, body, [ours_fd, ours_fd])[0] == 400
+            for i in range(40):  # a connection each, some left without reading their answer
+                with socket_connect() as s:
+                    if i % 2:
+                        assert socket_call(s, body, [ours_fd])[0] == 200
+                    else:
+                        socket.send_fds(s, [json.dumps(body).encode()], [ours_fd])
+            with socket_connect() as s:
+                assert socket_call(s, body, [ours_fd])[0] == 200  # after every earlier request
+            end = time.monotonic() + 10
+            while fds() > before and time.monotonic() < end:
+                time.sleep(0.05)
+            after = fds()
+            print(f"  server descriptors: {before} before 161 requests over the socket, {after} after", flush=True)
+            assert after <= before, (before, after)
+            assert not memfd_maps(), memfd_maps()
+            srv.admin("/resume")
+            assert srv.outputs() == ours
+        finally:
+            os.close(ours_fd)
+            os.close(short)
+    checks.check("the server's descriptors and mappings do not grow across 161 socket requests",
+                 server_descriptors_do_not_grow)
+
+    def streams_flow_while_pause_socket_update_resume_cycle():
+        theirs_fd, ours_fd = memfd_of(blob), memfd_of(ours_blob)
+        stop = threading.Event()
+        lock = threading.Lock()
+        outcomes = []  # (kind, detail): "done" | "error" | "lost"
+        streaming = threading.Event()
+        kept = []  # requests the engine held at each pause
+
+        def client(i):
+            n = 0
+            while not stop.is_set():
+                body = {"prompt": f"Client {i} asks: {PROMPTS[(i + n) % len(PROMPTS)]}", "max_tokens": 24,
+                        "temperature": 0, "ignore_eos": True, "stream": True, "return_token_ids": True}
+                try:
+                    status, _, raw = http_exchange("127.0.0.1", srv.port, "POST", "/v1/completions", body,
+                                                   timeout=60)
+                    kind, detail, _ = completion_outcome(status, raw, True)
+                except (socket.timeout, TimeoutError):
+                    kind, detail = "lost", "no answer within 60 s"
+                except (OSError, http.client.HTTPException) as e:
+                    kind, detail = "error", f"{type(e).__name__}: {e}"
+                with lock:
+                    outcomes.append((kind, detail))
+                streaming.set()
+                n += 1
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        try:
+            assert streaming.wait(60), "no completion finished within 60 s"
+            with socket_connect() as s:
+                for cycle, (fd, d) in enumerate([(theirs_fd, desc), (ours_fd, ours_desc)] * 2):
+                    time.sleep(0.4)  # streams under way
+                    j = srv.admin("/pause?mode=keep&verbose=true")
+                    kept.append(j["requests"]["running"] + j["requests"]["waiting"])
+                    status, j = socket_call(s, {"source": "shm", "fd": 0, "tensors": d, "complete": True}, [fd])
+                    assert status == 200 and j["updated"] == len(d), (cycle, status, j)
+                    srv.admin("/resume")
+            time.sleep(0.4)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(90)
+            os.close(theirs_fd)
+            os.close(ours_fd)
+        stuck = sum(t.is_alive() for t in threads)
+        counts = {k: sum(1 for o in outcomes if o[0] == k) for k in ("done", "error", "lost")}
+        print(f"  6 streaming clients through 4 pause / socket update / resume cycles: {counts}, {stuck} stuck; "
+              f"requests kept at each pause {kept}", flush=True)
+        bad = [o for o in outcomes if o[0] != "done"]
+        assert stuck == 0 and counts["error"] == 0 and counts["lost"] == 0, bad[:5]
+        assert sum(kept) > 0, kept  # the updates came while requests were in flight
+        assert counts["done"] >= 6, counts
+        assert srv.outputs() == ours
+    checks.check("streaming clients see no error and no lost request while pause, socket update and resume cycle",
+                 streams_flow_while_pause_socket_update_resume_cycle)
+
+    def socket_flags_fail_in_one_line():
+        base = [SIESTA, "serve", "--model", MODEL, "--port", "0", "--threads", "1", "--kv-cache-memory-bytes",
+                str(16 << 20)]
+        plain = os.path.join(tmp, "plain-file")
+        with open(plain, "w") as f:
+            f.write("not a socket")
+        rc, _, err = run(base + ["--enable-sleep-mode", "--weight-socket", plain], timeout=60)
+        expect_clean_error(rc, err, "exists and is not a socket")
+        assert open(plain).read() == "not a socket"
+        rc, _, err = run(base + ["--enable-sleep-mode", "--weight-socket", WEIGHT_SOCKET], timeout=60)
+        expect_clean_error(rc, err, "another process listens on the socket")
+        assert stat.S_ISSOCK(os.lstat(WEIGHT_SOCKET).st_mode)  # the running server's socket is left alone
+        with socket_connect() as s:
+            assert socket_call(s, {"source": "dir"})[0] == 409  # still answering: running, not paused
+        rc, _, err = run(base + ["--weight-socket", os.path.join(tmp, "w2.sock")], timeout=60)
+        expect_clean_error(rc, err, "--enable-sleep-mode")
+    checks.check("--weight-socket: a non-socket, a live socket and no sleep mode are one-line CLI errors",
+                 socket_flags_fail_in_one_line)
+
+    def the_socket_file_goes_with_the_server_and_a_stale_one_is_replaced():
+        stale = os.path.join(tmp, "stale.sock")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.bind(stale)  # bound, never listened on, never removed: what a killed server leaves
+        s.close()
+        other_srv = Server(MODEL, "--enable-sleep-mode", "--weight-socket", stale)
+        servers.append(other_srv)
+        with socket_connect(stale) as c:
+            status, j = socket_call(c, {"source": "dir"})
+            assert status == 409 and "pause" in j["error"]["message"], (status, j)
+            other_srv.stop()
+        assert other_srv.proc.returncode == 0, other_srv.proc.returncode
+        assert not os.path.lexists(stale), "the socket file outlived its server"
+    checks.check("a stale socket file is replaced, and the file goes when the server stops",
+                 the_socket_file_goes_with_the_server_and_a_stale_one_is_replaced)
 finally:
     for s in servers:
         s.stop()

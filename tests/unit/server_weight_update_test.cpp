@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 
 #include "server/weight_update_request.h"
@@ -155,7 +156,10 @@ TEST(ServerWeightUpdate, UnknownMissingAndMistypedFieldsAreRefusedByName) {
   t = tensor;
   t.erase("offset");
   EXPECT_NE(error_of(shm({{"tensors", {t}}})).find("tensors[0].offset"), std::string::npos);
-  EXPECT_NE(error_of(shm({{"fd", 3}})).find("/proc/<pid>/fd/<n>"), std::string::npos);
+  // HTTP passes no descriptors: "fd" is refused, pointing at the weight socket and at the /proc path.
+  const std::string over_http = error_of(shm({{"fd", 0}}));
+  EXPECT_NE(over_http.find("--weight-socket"), std::string::npos) << over_http;
+  EXPECT_NE(over_http.find("/proc/<pid>/fd/<n>"), std::string::npos) << over_http;
   EXPECT_NE(error_of(shm({{"tensors", json::array()}})).find("'tensors' is required"), std::string::npos);
   EXPECT_NE(error_of(shm({{"complete", "yes"}})).find("complete"), std::string::npos);
   EXPECT_NE(error_of(json{{"source", "nfs"}}).find("nfs"), std::string::npos);
@@ -165,6 +169,59 @@ TEST(ServerWeightUpdate, UnknownMissingAndMistypedFieldsAreRefusedByName) {
             std::string::npos);
   EXPECT_NE(error_of(json{{"source", "dir"}, {"tensors", {tensor}}}).find("unknown field 'tensors'"),
             std::string::npos);
+}
+
+// The weight socket's bodies: "fd" indexes the packet's descriptors, and a
+// packet carries exactly the ones its body names.
+TEST(ServerWeightUpdate, FdIndexesThePassedDescriptors) {
+  const json tensor = {{"name", "model.norm.weight"}, {"dtype", "bfloat16"}, {"shape", {1024}}, {"offset", 0}};
+  const json body = {{"source", "shm"}, {"fd", 0}, {"tensors", {tensor}}, {"complete", false}};
+  const int one[] = {42};
+  auto u = parse_weight_update(body, PassedDescriptors{true, one});
+  ASSERT_TRUE(u) << u.error().message;
+  EXPECT_EQ(u->source, WeightSource::kShm);
+  EXPECT_EQ(u->fd, 42);
+  EXPECT_EQ(u->path, "fd 0 of the weight socket");  // what messages and the report call it
+  ASSERT_EQ(u->tensors.size(), 1u);
+
+  auto refused = [&](const json& b, std::span<const int> fds) {
+    auto r = parse_weight_update(b, PassedDescriptors{true, fds});
+    EXPECT_FALSE(r) << b.dump();
+    return r ? std::string() : r.error().message;
+  };
+  // Missing: the body names a descriptor the packet did not carry.
+  EXPECT_NE(refused(body, {}).find("carried no descriptor"), std::string::npos);
+  // Extra: two sent, one named; or one sent and none named (a path, a directory, CUDA IPC).
+  const int two[] = {42, 43};
+  EXPECT_NE(refused(body, two).find("carried 2 descriptors, but the body names one"), std::string::npos);
+  json by_path = body;
+  by_path.erase("fd");
+  by_path["path"] = "/dev/shm/w";
+  EXPECT_NE(refused(by_path, one).find("carried 1 descriptor, but the body names none"), std::string::npos);
+  EXPECT_NE(refused(json{{"source", "dir"}}, one).find("the body names none"), std::string::npos);
+  // A bad index, a wrong type, and both ways of naming the memory.
+  json bad = body;
+  bad["fd"] = 1;
+  EXPECT_NE(refused(bad, one).find("'fd' is 1, but the packet carried 1 descriptor"), std::string::npos);
+  bad["fd"] = -1;
+  EXPECT_NE(refused(bad, one).find("'fd' must be an integer >= 0"), std::string::npos);
+  bad["fd"] = "0";
+  EXPECT_NE(refused(bad, one).find("'fd' must be an integer >= 0"), std::string::npos);
+  bad = body;
+  bad["path"] = "/dev/shm/w";
+  EXPECT_NE(refused(bad, one).find("'path' or 'fd', not both"), std::string::npos);
+  // The rest of the body is checked as over HTTP.
+  bad = body;
+  bad["wait"] = true;
+  EXPECT_NE(refused(bad, one).find("unknown field 'wait'"), std::string::npos);
+  bad = body;
+  bad.erase("fd");
+  EXPECT_NE(refused(bad, {}).find("or 'fd'"), std::string::npos);
+  // Without descriptors a body by path parses over the socket as over HTTP.
+  auto p = parse_weight_update(by_path, PassedDescriptors{true, {}});
+  ASSERT_TRUE(p) << p.error().message;
+  EXPECT_EQ(p->fd, -1);
+  EXPECT_EQ(p->path, "/dev/shm/w");
 }
 
 }  // namespace
