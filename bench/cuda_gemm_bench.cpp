@@ -146,19 +146,31 @@ int main(int argc, char** argv) {
       const double t_mma =
           median_us([&] { ok(cuda::launch_fixed_gemm(A, W, y, sh.f32, M, sh.N, sh.K, s, mma), "mma"); }, s);
       double t_wg = 0;
+      nlohmann::json tiles;  // the wgmma kernel at each tile shape (unsplit), against its own choice
       if (wgmma && cuda::fixed_gemm_wgmma_supported(sh.N, sh.K)) {
         cuda::FixedGemmOptions o;
         o.workspace = ws;
         o.workspace_bytes = ws_bytes;
         t_wg = median_us([&] { ok(cuda::launch_fixed_gemm(A, W, y, sh.f32, M, sh.N, sh.K, s, o), "wgmma"); }, s);
+        for (auto [tm, tn] : {std::pair{64, 64}, std::pair{64, 128}, std::pair{128, 64}, std::pair{128, 128}}) {
+          cuda::FixedGemmOptions t = o;
+          t.tile_m = tm;
+          t.tile_n = tn;
+          t.splits = 1;
+          tiles[std::to_string(tm) + "x" + std::to_string(tn)] = median_us(
+              [&] { ok(cuda::launch_fixed_gemm(A, W, y, sh.f32, M, sh.N, sh.K, s, t), "wgmma tile"); }, s);
+        }
       }
       const double best = t_wg > 0 ? std::min(t_wg, t_mma) : t_mma;
-      std::printf("%-5s %-8s %6d %6d %6d %10.1f %10.1f %10.1f %8.2f\n", sh.model, sh.name, M, sh.N, sh.K, cublas,
+      std::printf("%-5s %-8s %6d %6d %6d %10.1f %10.1f %10.1f %8.2f", sh.model, sh.name, M, sh.N, sh.K, cublas,
                   t_mma, t_wg, cublas / best);
+      for (auto it = tiles.begin(); it != tiles.end(); ++it)
+        std::printf("  %s %.1f", it.key().c_str(), it.value().get<double>());
+      std::printf("\n");
       rows.push_back({{"model", sh.model}, {"gemm", sh.name}, {"M", M}, {"N", sh.N}, {"K", sh.K},
                       {"cublaslt_us", cublas}, {"fixed_mma_us", t_mma}, {"fixed_wgmma_us", t_wg},
                       {"cublaslt_over_fixed", cublas / best},
-                      {"tflops_fixed", 2.0 * M * sh.N * sh.K / best / 1e6}});
+                      {"tflops_fixed", 2.0 * M * sh.N * sh.K / best / 1e6}, {"wgmma_tiles_us", tiles}});
     }
   }
   cudaDeviceProp prop{};

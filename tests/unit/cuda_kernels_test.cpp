@@ -697,7 +697,7 @@ TEST_F(CudaKernels, GemvAndFixedGemmGiveEachRowTheSameBits) {
 }
 
 // The warpgroup-MMA fixed GEMM (sm_90a builds, K % 512 == 0) gives the
-// mma.sync kernel's bits for every element, whatever its tile width, its split
+// mma.sync kernel's bits for every element, whatever its tile shape, its split
 // of K across CTAs (whole segments, combined in order) and M, in both outputs.
 TEST_F(CudaKernels, FixedGemmWgmmaGivesTheMmaKernelsBitsForEveryTileAndSplit) {
   if (!fixed_gemm_wgmma_supported(1024, 1024)) GTEST_SKIP() << "built without sm_90a";
@@ -726,13 +726,16 @@ TEST_F(CudaKernels, FixedGemmWgmmaGivesTheMmaKernelsBitsForEveryTileAndSplit) {
                                        to_f32(w), M, N, K);
           EXPECT_LT(rel_err(got, want), 5e-3) << "N " << N << " K " << K;
         }
-        for (int tile_n : {64, 128}) {
+        for (int tile : {64064, 64128, 128064, 128128}) {
           for (int splits : {1, 2, 4, 8}) {
+            const int tile_m = tile / 1000, tile_n = tile % 1000;
             const std::string what = "N " + std::to_string(N) + " K " + std::to_string(K) + " M " +
                                      std::to_string(M) + (f32 ? " f32" : " bf16") + " tile " +
-                                     std::to_string(tile_n) + " splits " + std::to_string(splits);
+                                     std::to_string(tile_m) + "x" + std::to_string(tile_n) + " splits " +
+                                     std::to_string(splits);
             FixedGemmOptions o;
             o.kernel = 2;
+            o.tile_m = tile_m;
             o.tile_n = tile_n;
             o.splits = splits;
             o.workspace = d_ws.get();

@@ -4,12 +4,13 @@
 // so the same bits for every element, at tensor-core rates the mma.sync
 // kernel does not reach.
 //
-// A CTA is one warpgroup and a 64 x BN output tile (BN 64 or 128). K is
-// walked in 64-wide tiles through a kStages ring of 128-byte-swizzled shared
-// memory (A rows and weight rows both K-major, as wgmma reads them), filled
-// with cp.async; each tile is four m64nBNk16 wgmmas on one accumulator chain,
-// which is folded into the element's total at every segment's end and
-// restarted from zero. An element's arithmetic is so: per segment, one fp32
+// A CTA is one or two warpgroups, each a 64 x BN output tile (BN 64 or 128),
+// stacked along M. K is walked in 64-wide tiles through a kStages ring of
+// 128-byte-swizzled shared memory (A rows and weight rows both K-major, as
+// wgmma reads them), filled with cp.async; each tile is four m64nBNk16 wgmmas
+// on one accumulator chain, issued while the previous tile's may still run,
+// which is folded into the element's total at every segment's end (after
+// waiting for it) and restarted from zero. An element's arithmetic is so: per segment, one fp32
 // chain from zero over its natural k16 blocks in ascending order; the
 // segments' sums added in order from zero. mma.sync m16n8k16 and wgmma give
 // the same bits for the same k16 block and chain (tested against gemm_fixed.cu
@@ -33,33 +34,37 @@ namespace siesta::cuda {
 #if defined(SIESTA_CUDA_WGMMA)
 namespace {
 
-constexpr int kBM = 64;
 constexpr int kBK = 64;  // one 128-byte swizzled row of bf16
-constexpr int kThreads = 128;
 constexpr int kStages = 4;
+// Tiles in flight ahead of the one the tensor cores take: a stage is refilled
+// once the wgmmas that read it are done, and each tile's wgmmas may still run
+// while the next tile's are issued (wgmma_wait<1>), so the ring holds the tile
+// being multiplied, the one before it and kLookahead more.
+constexpr int kLookahead = kStages - 2;
 
-template <int BN>
+// A CTA: kWG warpgroups stacked along M, each a 64 x BN tile.
+template <int kWG, int BN>
 constexpr uint32_t stage_bytes() {
-  return static_cast<uint32_t>((kBM + BN) * kBK * sizeof(bf16));  // A rows then weight rows, 128 B each
+  return static_cast<uint32_t>((64 * kWG + BN) * kBK * sizeof(bf16));  // A rows then weight rows, 128 B each
 }
-template <int BN>
+template <int kWG, int BN>
 constexpr size_t smem_bytes() {
-  return static_cast<size_t>(kStages) * stage_bytes<BN>() + 1024;  // +1 KB to align to 1024
+  return static_cast<size_t>(kStages) * stage_bytes<kWG, BN>() + 1024;  // +1 KB to align to 1024
 }
 
 template <int BN>
-__device__ __forceinline__ void wgmma_step(float (&d)[BN / 2], uint64_t a, uint64_t b) {
+__device__ __forceinline__ void wgmma_step(float (&d)[BN / 2], uint64_t a, uint64_t b, int accumulate) {
   if constexpr (BN == 128)
-    dev::wgmma_m64n128k16_ss(d, a, b);
+    dev::wgmma_m64n128k16_ss(d, a, b, accumulate);
   else
-    dev::wgmma_m64n64k16_ss<true>(d, a, b);
+    dev::wgmma_m64n64k16_ss(d, a, b, accumulate);
 }
 
 // Stores a 64 x BN fragment set (wgmma.cuh's accumulator layout) at rows bm0..,
 // columns bn0.. of a row-major [M, N] output: fp32, bf16-rounded fp32, or bf16.
 template <int BN, int kKind>  // 0: fp32 as is, 1: fp32 holding bf16, 2: bf16
 __device__ __forceinline__ void store_tile(const float (&d)[BN / 2], void* out, int M, int N, int bm0, int bn0) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j) {
     const int col = bn0 + 8 * j + 2 * t;
@@ -84,8 +89,8 @@ __device__ __forceinline__ void store_tile(const float (&d)[BN / 2], void* out, 
 
 // kSplit: grid.z CTAs per tile, each over kProjectionSegments / gridDim.z
 // segments, storing each segment's sum into partial[segment] ([M, N] fp32).
-template <int BN, bool kSplit, bool kOutF32>
-__global__ __launch_bounds__(kThreads, 2) void fixed_gemm_wgmma_kernel(const bf16* __restrict__ A,
+template <int kWG, int BN, bool kSplit, bool kOutF32>
+__global__ __launch_bounds__(128 * kWG, 3 - kWG) void fixed_gemm_wgmma_kernel(const bf16* __restrict__ A,
                                                                          const bf16* __restrict__ W, void* out,
                                                                          float* partial, int M, int N, int K) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -96,7 +101,8 @@ __global__ __launch_bounds__(kThreads, 2) void fixed_gemm_wgmma_kernel(const bf1
   unsigned char* smem = smem_raw + (((raw + 1023) & ~1023u) - raw);
   const uint32_t smem_base = dev::smem_addr(smem);
 
-  const int tid = threadIdx.x;
+  constexpr int kThreads = 128 * kWG, kBM = 64 * kWG;
+  const int tid = threadIdx.x, wg = tid >> 7;
   const int bm0 = blockIdx.y * kBM, bn0 = blockIdx.x * BN;
   const int seg_tiles = K / kProjectionSegments / kBK;
   const int segs_per_cta = kSplit ? kProjectionSegments / static_cast<int>(gridDim.z) : kProjectionSegments;
@@ -104,7 +110,7 @@ __global__ __launch_bounds__(kThreads, 2) void fixed_gemm_wgmma_kernel(const bf1
   const int kt1 = kt0 + segs_per_cta * seg_tiles;
 
   auto load_tile = [&](int kt, int st) {
-    unsigned char* base = smem + st * stage_bytes<BN>();
+    unsigned char* base = smem + st * stage_bytes<kWG, BN>();
     const int k0 = kt * kBK;
 #pragma unroll
     for (int j = 0; j < (kBM + BN) * 8 / kThreads; ++j) {
@@ -132,42 +138,53 @@ __global__ __launch_bounds__(kThreads, 2) void fixed_gemm_wgmma_kernel(const bf1
   }
 
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kLookahead; ++s) {
     if (kt0 + s < kt1) load_tile(kt0 + s, s);
     dev::cp_async_commit();
   }
-  for (int kt = kt0; kt < kt1; ++kt) {
-    const int i = kt - kt0;
-    dev::cp_async_wait<kStages - 2>();
-    dev::fence_async_shared();
-    __syncthreads();  // tile kt visible to the async proxy; every thread is done with tile kt - 1
-    if (kt + kStages - 1 < kt1) load_tile(kt + kStages - 1, (i + kStages - 1) % kStages);
-    dev::cp_async_commit();
+  for (int seg_kt = kt0; seg_kt < kt1; seg_kt += seg_tiles) {
+    // One segment: its tiles' wgmmas on one chain, each tile's issued while the
+    // previous tile's may still run.
+#pragma unroll 1
+    for (int kt = seg_kt; kt < seg_kt + seg_tiles; ++kt) {
+      const int i = kt - kt0;
+      dev::cp_async_wait<kLookahead - 1>();
+      dev::fence_async_shared();
+      // Tile kt is visible to the async proxy, and every warpgroup is past its wait
+      // for tile kt - 2's wgmmas, whose stage takes tile kt + kLookahead.
+      __syncthreads();
+      if (kt + kLookahead < kt1) load_tile(kt + kLookahead, (i + kLookahead) % kStages);
+      dev::cp_async_commit();
 
-    const uint32_t a_smem = smem_base + (i % kStages) * stage_bytes<BN>();
-    const uint32_t b_smem = a_smem + kBM * 128;
-    dev::wgmma_fence();
+      const uint32_t stage = smem_base + (i % kStages) * stage_bytes<kWG, BN>();
+      const uint32_t a_smem = stage + wg * 64 * 128, b_smem = stage + kBM * 128;
+      // The segment's chain starts from zero: its first wgmma overwrites acc (A B,
+      // where the mma.sync kernel adds A B to zeros: the same bits, up to the sign
+      // of a zero, which the total, started at +0, does not keep), so that no
+      // instruction but the wgmmas writes acc while they may own it.
+      const int accumulate = kt == seg_kt ? 0 : 1;
+      dev::wgmma_hold(acc);
+      dev::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk)
-      wgmma_step<BN>(acc, dev::smem_desc128(a_smem + kk * 32, 16, 1024), dev::smem_desc128(b_smem + kk * 32, 16, 1024));
-    dev::wgmma_commit();
+      for (int kk = 0; kk < kBK / 16; ++kk)
+        wgmma_step<BN>(acc, dev::smem_desc128(a_smem + kk * 32, 16, 1024),
+                       dev::smem_desc128(b_smem + kk * 32, 16, 1024), kk == 0 ? accumulate : 1);
+      dev::wgmma_commit();
+      dev::wgmma_hold(acc);
+      dev::wgmma_wait<1>();  // tile kt - 1's wgmmas done; tile kt's may still run
+    }
     dev::wgmma_wait<0>();
     dev::wgmma_hold(acc);
-
-    if ((kt + 1) % seg_tiles == 0) {  // a segment's end
-      if constexpr (kSplit) {
-        const int seg = kt / seg_tiles;
-        store_tile<BN, 0>(acc, partial + static_cast<size_t>(seg) * M * N, M, N, bm0, bn0);
-      } else {
+    if constexpr (kSplit) {
+      const int seg = seg_kt / seg_tiles;
+      store_tile<BN, 0>(acc, partial + static_cast<size_t>(seg) * M * N, M, N, bm0 + 64 * wg, bn0);
+    } else {
 #pragma unroll
-        for (int e = 0; e < kAcc; ++e) tot[e] += acc[e];
-      }
-#pragma unroll
-      for (int e = 0; e < kAcc; ++e) acc[e] = 0.0f;
+      for (int e = 0; e < kAcc; ++e) tot[e] += acc[e];
     }
   }
   dev::cp_async_wait<0>();
-  if constexpr (!kSplit) store_tile<BN, kOutF32 ? 1 : 2>(tot, out, M, N, bm0, bn0);
+  if constexpr (!kSplit) store_tile<BN, kOutF32 ? 1 : 2>(tot, out, M, N, bm0 + 64 * wg, bn0);
 #endif
 }
 
@@ -187,30 +204,31 @@ __global__ void combine_segments_kernel(const float* __restrict__ partial, void*
   }
 }
 
-template <int BN, bool kSplit, bool kOutF32>
+template <int kWG, int BN, bool kSplit, bool kOutF32>
 cudaError_t launch_variant(const bf16* a, const bf16* w, void* out, float* partial, int M, int N, int K, int splits,
                            const LaunchConfig& launch) {
-  auto* kernel = fixed_gemm_wgmma_kernel<BN, kSplit, kOutF32>;
+  auto* kernel = fixed_gemm_wgmma_kernel<kWG, BN, kSplit, kOutF32>;
   static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       static_cast<int>(smem_bytes<BN>()));
+                                                       static_cast<int>(smem_bytes<kWG, BN>()));
   if (attr != cudaSuccess) return attr;
-  const dim3 grid((N + BN - 1) / BN, (M + kBM - 1) / kBM, kSplit ? splits : 1);
+  const dim3 grid((N + BN - 1) / BN, (M + 64 * kWG - 1) / (64 * kWG), kSplit ? splits : 1);
   if (grid.y > 65535) return cudaErrorInvalidValue;
-  cudaError_t err = launch_kernel(kernel, grid, kThreads, smem_bytes<BN>(), launch, a, w, out, partial, M, N, K);
+  cudaError_t err =
+      launch_kernel(kernel, grid, 128 * kWG, smem_bytes<kWG, BN>(), launch, a, w, out, partial, M, N, K);
   if (err != cudaSuccess || !kSplit) return err;
   const size_t elems = static_cast<size_t>(M) * N;
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>((elems + 255) / 256, 8u * sm_count()));
   return launch_kernel(combine_segments_kernel<kOutF32>, blocks, 256, 0, launch, partial, out, elems);
 }
 
-template <int BN>
-cudaError_t launch_bn(const bf16* a, const bf16* w, void* out, bool out_f32, float* partial, int M, int N, int K,
-                      int splits, const LaunchConfig& launch) {
+template <int kWG, int BN>
+cudaError_t launch_tile(const bf16* a, const bf16* w, void* out, bool out_f32, float* partial, int M, int N, int K,
+                        int splits, const LaunchConfig& launch) {
   if (splits > 1)
-    return out_f32 ? launch_variant<BN, true, true>(a, w, out, partial, M, N, K, splits, launch)
-                   : launch_variant<BN, true, false>(a, w, out, partial, M, N, K, splits, launch);
-  return out_f32 ? launch_variant<BN, false, true>(a, w, out, partial, M, N, K, 1, launch)
-                 : launch_variant<BN, false, false>(a, w, out, partial, M, N, K, 1, launch);
+    return out_f32 ? launch_variant<kWG, BN, true, true>(a, w, out, partial, M, N, K, splits, launch)
+                   : launch_variant<kWG, BN, true, false>(a, w, out, partial, M, N, K, splits, launch);
+  return out_f32 ? launch_variant<kWG, BN, false, true>(a, w, out, partial, M, N, K, 1, launch)
+                 : launch_variant<kWG, BN, false, false>(a, w, out, partial, M, N, K, 1, launch);
 }
 
 }  // namespace
@@ -222,22 +240,29 @@ cudaError_t launch_fixed_gemm_wgmma(const bf16* a, const bf16* w, void* out, boo
   if (M <= 0) return cudaSuccess;
   if (!fixed_gemm_wgmma_supported(N, K)) return cudaErrorInvalidValue;
   const int sms = sm_count();
-  auto tiles = [&](int bn) { return static_cast<long>((M + kBM - 1) / kBM) * ((N + bn - 1) / bn); };
-  int bn = opt.tile_n;
-  if (bn == 0) bn = tiles(128) >= sms ? 128 : 64;
-  if (bn != 64 && bn != 128) return cudaErrorInvalidValue;
+  auto tiles = [&](int bm, int bn) { return static_cast<long>((M + bm - 1) / bm) * ((N + bn - 1) / bn); };
+  int bn = opt.tile_n, bm = opt.tile_m;
+  // Two warpgroups per CTA (half the weight reads per row) where that still fills
+  // the SMs; 128 columns where that does. Below, one warpgroup and, with too few
+  // tiles, a split (cuda_gemm_bench on the H200: bench/results/cuda_gemm_h200.json).
+  if (bm == 0) bm = M > 64 && tiles(128, 64) >= sms ? 128 : 64;
+  if (bn == 0) bn = tiles(bm, 128) >= (bm == 128 ? 2L : 1L) * sms ? 128 : 64;
+  if ((bn != 64 && bn != 128) || (bm != 64 && bm != 128)) return cudaErrorInvalidValue;
   int splits = opt.splits;
   const size_t need = static_cast<size_t>(kProjectionSegments) * M * N * sizeof(float);
   if (splits == 0) {
     splits = 1;
-    while (splits < kProjectionSegments && tiles(bn) * splits < sms) splits *= 2;
+    while (splits < kProjectionSegments && tiles(bm, bn) * splits < sms) splits *= 2;
     if (opt.workspace == nullptr || opt.workspace_bytes < need) splits = 1;
   }
   if (kProjectionSegments % splits != 0) return cudaErrorInvalidValue;
   if (splits > 1 && (opt.workspace == nullptr || opt.workspace_bytes < need)) return cudaErrorInvalidValue;
   float* partial = static_cast<float*>(opt.workspace);
-  return bn == 128 ? launch_bn<128>(a, w, out, out_f32, partial, M, N, K, splits, launch)
-                   : launch_bn<64>(a, w, out, out_f32, partial, M, N, K, splits, launch);
+  if (bm == 128)
+    return bn == 128 ? launch_tile<2, 128>(a, w, out, out_f32, partial, M, N, K, splits, launch)
+                     : launch_tile<2, 64>(a, w, out, out_f32, partial, M, N, K, splits, launch);
+  return bn == 128 ? launch_tile<1, 128>(a, w, out, out_f32, partial, M, N, K, splits, launch)
+                   : launch_tile<1, 64>(a, w, out, out_f32, partial, M, N, K, splits, launch);
 }
 
 #else  // built without sm_90a: the mma.sync kernel only

@@ -288,6 +288,7 @@ struct FixedGemmOptions {
   int kernel = 0;  // 0: the fastest the build has for the shape, 1: mma.sync, 2: wgmma
   int splits = 0;  // wgmma: 0 chosen from the tile count, else 1, 2, 4 or 8
   int tile_n = 0;  // wgmma: 0 chosen, else 64 or 128 output columns per CTA
+  int tile_m = 0;  // wgmma: 0 chosen, else 64 or 128 output rows per CTA (one or two warpgroups)
 };
 bool fixed_gemm_supported(int N, int K);
 cudaError_t launch_fixed_gemm(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K,
