@@ -272,7 +272,10 @@ Result<void> Engine::run_on_loop(std::function<Result<void>()> fn, Deadline dead
       result->cancelled = true;
       return timeout("the engine loop did not take the command before the deadline (a long step is running)");
     }
-    return timeout("the engine loop did not finish the command before the deadline");
+    // Started: the command may use the caller's locals (its captures), so it is
+    // waited for to its end; its own waits on the loop are bounded by the same
+    // deadline (loop_deadline), so this one is too.
+    result->cv.wait(lock, [&] { return result->done; });
   }
   return result->result;
 }
