@@ -462,7 +462,7 @@ int main(int argc, char** argv) {
   }
 
   // 3. A lone request to the fresh engine: its first request.
-  const json fresh = lone_request(e, log, o, b, limit.gb_per_s, 900001, "fresh");
+  json fresh = lone_request(e, log, o, b, limit.gb_per_s, 900001, "fresh");
 
   // 4. The batch: every sequence at once.
   std::vector<EngineRequest> reqs;
@@ -565,6 +565,16 @@ int main(int argc, char** argv) {
     warm_ratio.push_back(warm.back()["ttft_over_prefill_plus_decode_step"].get<double>());
   }
   const double warm_ratio_median = median(warm_ratio);
+  // The fresh request's compute is the warm requests' (same shapes): its TTFT
+  // against their prefill + decode step, which is what the goal asks of a
+  // lone request; against its own (first-use) prefill time it would always pass.
+  std::vector<double> warm_compute;
+  for (const json& l : warm) warm_compute.push_back(l["prefill_ms"].get<double>() + l["decode_step_ms"].get<double>());
+  const double fresh_ratio = warm_compute.empty() ? 0.0 : fresh["ttft_ms"].get<double>() / median(warm_compute);
+  if (!warm_compute.empty()) {
+    fresh["ttft_over_warm_prefill_plus_decode_step"] = fresh_ratio;
+    fresh["goal_met"] = fresh_ratio <= kLoneGoal;
+  }
 
   // The table.
   const std::string commit = !o.commit.empty()              ? o.commit
@@ -612,6 +622,10 @@ int main(int argc, char** argv) {
                     l["ttft_over_prefill_plus_decode_step"].get<double>(), kLoneGoal));
   };
   lone_row(fresh);
+  if (!warm_compute.empty())
+    row("lone request fresh TTFT / warm compute", fmt::format("{:.2f}", fresh_ratio),
+        fmt::format("the warm requests' prefill + decode step {:.2f} ms (goal <= {}: {})", median(warm_compute),
+                    kLoneGoal, fresh_ratio <= kLoneGoal ? "met" : "MISSED"));
   for (const json& l : warm) lone_row(l);
 
   bool ok = out_tokens == expected;
@@ -690,8 +704,9 @@ int main(int argc, char** argv) {
           {"warm", warm},
           {"warm_median_ttft_ms", median(warm_ttft)},
           {"warm_median_ratio", warm_ratio_median},
+          {"fresh_ratio_to_warm_compute", fresh_ratio},
           {"goal", kLoneGoal},
-          {"goal_met", warm_ratio_median <= kLoneGoal}}},
+          {"goal_met", warm_ratio_median <= kLoneGoal && (warm_compute.empty() || fresh_ratio <= kLoneGoal)}}},
         {"outputs_complete", ok},
         {"columns",
          {{"period_ms", "a decode step's start to the next step's start: what the engine loop takes per token"},

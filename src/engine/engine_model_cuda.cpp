@@ -23,6 +23,8 @@ Result<EngineModel> load_cuda_engine_model(const EngineOptions& options, std::un
   mo.batch_invariant = options.batch_invariant;
   auto model = CudaQwen3::load(options.model_dir, std::make_unique<cuda::PoolDeviceAllocator>(*pool), mo);
   if (!model) return model.error().with_context("loading the model from " + options.model_dir.string() + " on CUDA");
+  // Kernels and cuBLASLt's plans load here, not in the first request.
+  if (Result<void> warm = (*model)->warm_up(); !warm) return warm.error().with_context("warming up the CUDA model");
   auto after = pool->backend().memory_info();
   if (!after) return after.error().with_context("--device cuda: reading the device's free memory");
   m.device_after_load = *after;

@@ -194,6 +194,33 @@ TEST_F(CudaQwen3Test, LogitsMatchHuggingFaceAtEveryPosition) {
   RecordProperty("max_rel_err_vs_hf_fp32", std::to_string(worst));
 }
 
+// warm_up (the engine's at start) runs in a KV cache of its own: the device
+// memory it took is given back, and a forward after it gives the bits of one
+// before it.
+TEST_F(CudaQwen3Test, WarmUpGivesBackItsMemoryAndChangesNoResult) {
+  auto m = load();
+  ASSERT_TRUE(m);
+  const auto prompts = golden_prompts();
+  auto run = [&](ForwardOutput& out) {
+    DeviceCache cache(*m, 64);
+    std::vector<int32_t> table;
+    cache.grow(table, prompts[0].ids.size());
+    SequenceChunk seq{prompts[0].ids, 0, table, true};
+    ASSERT_TRUE(m->forward({&seq, 1}, cache.view(), out));
+  };
+  ForwardOutput before, after;
+  run(before);
+  size_t free0 = 0, free1 = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+  auto warm = m->warm_up(300);
+  ASSERT_TRUE(warm) << warm.error().message;
+  ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
+  // Within 64 MiB: the kernels it loads and the runtime's pools take some.
+  EXPECT_LE(free0 - std::min(free0, free1), size_t{64} << 20);
+  run(after);
+  EXPECT_EQ(before.logits, after.logits);
+}
+
 TEST_F(CudaQwen3Test, GreedyContinuationsMatchHuggingFace) {
   auto m = load();
   ASSERT_TRUE(m);

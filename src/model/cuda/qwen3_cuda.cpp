@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <numeric>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -754,6 +755,29 @@ Result<cuda::DeviceBuffer> CudaQwen3::allocate_kv_cache(int num_blocks) {
   if (num_blocks <= 0) return invalid_argument("allocate_kv_cache: num_blocks must be positive");
   return cuda::DeviceBuffer::allocate(*impl_->alloc, static_cast<size_t>(num_blocks) * impl_->layout().block_bytes(),
                                       cuda::DeviceMemoryTag::kKvCache);
+}
+
+Result<void> CudaQwen3::warm_up(int prompt_tokens) {
+  Impl& m = *impl_;
+  const int n = std::max(1, std::min({prompt_tokens, m.opt.max_batch_tokens, m.opt.max_model_len - 1}));
+  const int blocks = (n + 1 + cuda::kKvBlockSize - 1) / cuda::kKvBlockSize;
+  SIESTA_ASSIGN_OR_RETURN(cuda::DeviceBuffer kv_buf, allocate_kv_cache(blocks));
+  const KvCacheView kv{kv_buf.data(), blocks, kv_layout()};
+  std::vector<int32_t> table(blocks), tokens(n);
+  std::iota(table.begin(), table.end(), 0);
+  for (int i = 0; i < n; ++i) tokens[i] = i % m.cfg.vocab_size;
+  const TokenChoice greedy;
+  ChosenTokens out;
+  // A prompt of n tokens, a short one (another GEMM shape), then one decode step
+  // of the first (eager: a decode graph is captured on a batch size's second step).
+  for (const int len : {n, std::min(n, 16)}) {
+    const SequenceChunk chunk{std::span<const int32_t>(tokens.data(), static_cast<size_t>(len)), 0, table, false};
+    SIESTA_TRY(forward_choose(std::span<const SequenceChunk>(&chunk, 1), kv, std::span<const TokenChoice>(&greedy, 1),
+                              out));
+  }
+  const int32_t next = out.tokens.empty() || out.tokens[0] < 0 ? 0 : out.tokens[0];
+  const SequenceChunk step{std::span<const int32_t>(&next, 1), std::min(n, 16), table, false};
+  return forward_choose(std::span<const SequenceChunk>(&step, 1), kv, std::span<const TokenChoice>(&greedy, 1), out);
 }
 
 Result<void> CudaQwen3::forward(std::span<const SequenceChunk> batch, const KvCacheView& kv, ForwardOutput& out) {

@@ -126,6 +126,12 @@ class CudaQwen3 final : public Model {
 
   // A KV cache of num_blocks blocks from the model's allocator (tag kv_cache).
   Result<cuda::DeviceBuffer> allocate_kv_cache(int num_blocks);
+  // Runs a prompt of prompt_tokens tokens, a short one and a decode step in a
+  // KV cache of its own (freed after), so that the kernels, cuBLASLt's plans
+  // and modules load now and not in the first request (on the H200 its
+  // prefill of 1024 tokens took 208 ms instead of 3.8 ms). The engine calls it
+  // at start.
+  Result<void> warm_up(int prompt_tokens = 1024);
 
   // Reads the tensors of `model_dir` into the weights in place (same
   // addresses, so graphs stay valid) and recomputes the RoPE table: after a
