@@ -27,7 +27,16 @@ Result<EngineModel> load_engine_model(const EngineOptions& options, ThreadPool& 
   memory::PoolOptions po;
   po.keep_offload_buffers = options.device == Device::kCuda && options.keep_offload_buffers;
   auto pool = std::make_unique<memory::MemoryPool>(std::move(backend), po);
-  if (options.device == Device::kCuda) return load_cuda_engine_model(options, std::move(pool));
+  if (options.device == Device::kCuda) {
+    SIESTA_ASSIGN_OR_RETURN(EngineModel m, load_cuda_engine_model(options, std::move(pool)));
+    // A sleep-mode engine's first level-1 sleep copies the weights into a host
+    // buffer made and pinned now, in the background, not into fresh pages.
+    if (options.enable_sleep_mode && options.keep_offload_buffers) {
+      Result<uint64_t> made = m.memory->prepare_offload_buffers(memory::TagSet{memory::Tag::kWeights});
+      if (!made) return made.error().with_context("--enable-sleep-mode");
+    }
+    return m;
+  }
 
   auto cpu = CpuQwen3::load(options.model_dir, threads, *pool, std::max(0, options.max_num_batched_tokens));
   if (!cpu) return cpu.error().with_context("loading the model from " + options.model_dir.string());

@@ -87,8 +87,10 @@ struct EngineOptions {
   // --device cuda: the host buffer a level-1 sleep copies the weights into is
   // kept after the wake and pinned in the background, so that later level-1
   // sleeps and wakes copy at the pinned DMA bandwidth instead of faulting in
-  // fresh pages (memory/README.md). Costs host memory the size of the
-  // weights while awake (GET /memory: kept_host_bytes); a level-2 sleep drops it.
+  // fresh pages (memory/README.md). With sleep mode the buffer is made at
+  // start (and pinned in the background), so that the first level-1 sleep is
+  // as fast as the later ones. Costs host memory the size of the weights while
+  // awake (GET /memory: kept_host_bytes); a level-2 sleep drops it.
   bool keep_offload_buffers = true;
   // Called on the loop thread after every step that computed something,
   // with its batch and times (step_record.h); for benchmarks. Must return

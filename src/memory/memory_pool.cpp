@@ -417,6 +417,30 @@ Result<uint64_t> MemoryPool::discard(TagSet tags) {
   return freed;
 }
 
+Result<uint64_t> MemoryPool::prepare_offload_buffers(TagSet tags) {
+  std::lock_guard op(op_mu_);
+  if (!options_.keep_offload_buffers) return uint64_t{0};
+  uint64_t made = 0;
+  for (auto& [id, entry] : entries_) {
+    if (!tags.contains(entry->info.tag) || entry->state != AllocationState::kResident) continue;
+    if (entry->kept && entry->kept->bytes() >= entry->info.bytes) continue;
+    Result<std::unique_ptr<HostBuffer>> buffer = backend_->allocate_host(entry->info.bytes);
+    if (!buffer) {
+      return buffer.error().with_context(
+          fmt::format("preparing the host buffer a sleep offloads {} into", describe(*entry)));
+    }
+    entry->kept = std::move(*buffer);
+    backend_->retain_host(*entry->kept);
+    made += entry->kept->bytes();
+    std::lock_guard lock(state_mu_);
+    entry->kept_bytes = entry->kept->bytes();
+  }
+  if (made > 0) {
+    SIESTA_LOG_INFO("memory: {} of host memory prepared for offloads of {}", format_bytes(made), tags.to_string());
+  }
+  return made;
+}
+
 uint64_t MemoryPool::pinned_host_bytes() {
   std::lock_guard op(op_mu_);
   uint64_t pinned = 0;

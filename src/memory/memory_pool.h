@@ -217,6 +217,14 @@ class MemoryPool {
   // released) and the host buffers kept for them; returns the bytes of host
   // memory freed.
   Result<uint64_t> discard(TagSet tags);
+  // With keep_offload_buffers: makes now the host buffer that a sleep
+  // offloading `tags` would make, for every resident allocation of them that
+  // has none, and hands it to the backend to prepare (pin) in the background,
+  // so that even the first such sleep copies into prepared memory. Host memory
+  // the size of those allocations is held from now on (kept_host_bytes), as
+  // after a first sleep. Returns the bytes of the buffers made; nothing
+  // without keep_offload_buffers.
+  Result<uint64_t> prepare_offload_buffers(TagSet tags);
   // Host memory of offloads (copies and kept buffers) that copies reach by
   // direct DMA (HostBuffer::pinned_bytes).
   uint64_t pinned_host_bytes();

@@ -408,6 +408,42 @@ TEST(MemoryPoolHost, KeptOffloadBuffersAreReusedByLaterSleepsAndDroppedByDiscard
   EXPECT_EQ(pool.usage().total().kept_host_bytes, 0u);
 }
 
+// prepare_offload_buffers (a sleep-mode engine's at start): the buffer the
+// first sleep copies into exists, and is prepared (retained), before it; the
+// sleeps after reuse it, and a second call makes nothing.
+TEST(MemoryPoolHost, PreparedOffloadBuffersServeTheFirstSleep) {
+  auto backend = std::make_unique<CountingHostBackend>();
+  CountingHostBackend* b = backend.get();
+  MemoryPool pool(std::move(backend), PoolOptions{.keep_offload_buffers = true});
+  Allocation w = pool.allocate(8 * kMiB, Tag::kWeights).value();
+  Allocation kv = pool.allocate(4 * kMiB, Tag::kKvCache).value();
+  EXPECT_EQ(pool.prepare_offload_buffers({Tag::kWeights}).value(), w.bytes);
+  EXPECT_EQ(b->allocated, 1);
+  EXPECT_EQ(b->retained, 1);
+  EXPECT_EQ(pool.usage()[Tag::kWeights].kept_host_bytes, w.bytes);
+  EXPECT_EQ(pool.usage()[Tag::kKvCache].kept_host_bytes, 0u);
+  EXPECT_EQ(pool.prepare_offload_buffers({Tag::kWeights}).value(), 0u);  // has one already
+  for (uint64_t cycle = 1; cycle <= 3; ++cycle) {
+    fill(w.base, w.bytes, cycle);
+    ASSERT_TRUE(pool.sleep({Tag::kWeights}));
+    ASSERT_TRUE(pool.wake(TagSet::all()));
+    EXPECT_TRUE(holds(w.base, w.bytes, cycle)) << cycle;
+  }
+  EXPECT_EQ(b->allocated, 1);  // the first sleep took the prepared buffer
+  EXPECT_EQ(b->retained, 1);
+  ASSERT_TRUE(pool.free(kv.id));
+  ASSERT_TRUE(pool.free(w.id));
+  EXPECT_EQ(pool.usage().total().kept_host_bytes, 0u);
+  // Without keep_offload_buffers it makes nothing.
+  auto plain_backend = std::make_unique<CountingHostBackend>();
+  CountingHostBackend* pb = plain_backend.get();
+  MemoryPool plain(std::move(plain_backend));
+  Allocation w2 = plain.allocate(4 * kMiB, Tag::kWeights).value();
+  EXPECT_EQ(plain.prepare_offload_buffers({Tag::kWeights}).value(), 0u);
+  EXPECT_EQ(pb->allocated, 0);
+  ASSERT_TRUE(plain.free(w2.id));
+}
+
 TEST(MemoryPoolHost, WithoutKeepOffloadBuffersEverySleepAllocates) {
   auto backend = std::make_unique<CountingHostBackend>();
   CountingHostBackend* b = backend.get();
