@@ -1,5 +1,6 @@
 #include "memory/cuda_backend.h"
 
+#include <cuda_runtime_api.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +20,7 @@
 
 #include "common/log.h"
 #include "common/thread_pool.h"
+#include "gather/gather_copy.h"
 #include "memory/cuda_driver.h"
 #include "memory/staged_copy.h"
 #include "memory/tag.h"
@@ -128,6 +131,53 @@ class CudaBacking final : public Backing {
   size_t mapped_bytes_ = 0;
 };
 
+// Host->device copies by the SMs (HostToDeviceCopy::kKernel): the gather
+// kernel (gather/gather_copy.h) reading pinned host memory through its device
+// mapping. Launched through the CUDA runtime, which takes the context current
+// on the calling thread: the backend's primary context (make_current). Where
+// the build has no code for the device, nothing is launched and the caller
+// copies with the copy engines (logged once).
+class KernelCopy {
+ public:
+  explicit KernelCopy(int ordinal) : ordinal_(ordinal) {}
+
+  // Enqueues the copy of `pieces` (sources: device addresses of pinned host
+  // memory) on `stream`. True when launched; false when the kernel cannot run
+  // on this device, nothing enqueued (and false from then on).
+  Result<bool> enqueue(std::span<const gather::GatherPiece> pieces, CUstream stream) {
+    if (missing_) return false;
+    if (grid_ == 0) {
+      const cudaError_t e = gather::gather_copy_full_grid(&grid_);
+      if (e != cudaSuccess) {
+        grid_ = 0;
+        return failed(e, "sizing the gather kernel's grid");
+      }
+    }
+    const cudaError_t e =
+        gather::launch_gather_copy_pieces(pieces.data(), pieces.size(), grid_, reinterpret_cast<cudaStream_t>(stream));
+    if (e != cudaSuccess) return failed(e, fmt::format("launching the gather kernel over {} piece(s)", pieces.size()));
+    return true;
+  }
+
+ private:
+  Result<bool> failed(cudaError_t e, const std::string& what) {
+    (void)cudaGetLastError();  // the runtime's last error is the thread's: leave it clear for the model's checks
+    if (!gather::gather_kernel_missing(e)) {
+      return io_error(fmt::format("{} on CUDA device {}: {} ({})", what, ordinal_, cudaGetErrorName(e),
+                                  cudaGetErrorString(e)));
+    }
+    missing_ = true;
+    SIESTA_LOG_WARN("memory: the gather kernel has no code for CUDA device {} ({}); host->device copies use the copy "
+                    "engines (rebuild with this GPU in CMAKE_CUDA_ARCHITECTURES)",
+                    ordinal_, cudaGetErrorString(e));
+    return false;
+  }
+
+  int ordinal_;
+  int grid_ = 0;
+  bool missing_ = false;
+};
+
 class PinnedBuffer final : public HostBuffer {
  public:
   PinnedBuffer(std::shared_ptr<const CudaDevice> dev, void* data, size_t bytes)
@@ -150,8 +200,10 @@ class PinnedBuffer final : public HostBuffer {
 //
 // A buffer the pool keeps (retain_host) is pinned by a thread of its own,
 // kPinPiece bytes at a time from its start (cuMemHostRegister of pages that
-// are touched already), while the engine runs or sleeps; copies reach the
-// pinned prefix by direct DMA, one piece per copy, and stage the rest. The
+// are touched already, mapped for the device: CU_MEMHOSTREGISTER_DEVICEMAP),
+// while the engine runs or sleeps; copies reach the pinned prefix directly
+// (device->host by DMA, one piece per copy; host->device by the gather kernel
+// reading the pieces' device mappings, or by DMA) and stage the rest. The
 // pinning stops between pieces when the buffer goes.
 class PageableBuffer;
 
@@ -195,7 +247,8 @@ class PageableBuffer final : public HostBuffer {
       if (!dev_->make_current()) return;
       for (size_t off = 0; off < bytes_ && !stop_.load(); off += kPinPiece) {
         const size_t len = std::min(kPinPiece, bytes_ - off);
-        const CUresult r = dev_->driver->cuMemHostRegister(static_cast<std::byte*>(data_) + off, len, 0);
+        const CUresult r =
+            dev_->driver->cuMemHostRegister(static_cast<std::byte*>(data_) + off, len, CU_MEMHOSTREGISTER_DEVICEMAP);
         if (r != CUDA_SUCCESS) {
           SIESTA_LOG_WARN("memory: pinning a kept offload buffer stopped at {} of {} ({}); the rest is staged",
                           format_bytes(off), format_bytes(bytes_), dev_->driver->error_text(r));
@@ -217,14 +270,17 @@ class PageableBuffer final : public HostBuffer {
   std::thread pinner_;
 };
 
-// The staging ring of OffloadMode::kStaged: pinned slots, one stream for the
-// DMA, one event per slot, and the host threads. Made at the first staged
-// copy, kept for the backend's life.
+// The staging ring of OffloadMode::kStaged: pinned slots (mapped for the
+// device), one stream for the copies, one event per slot, and the host
+// threads. Made at the first staged copy, kept for the backend's life.
+// Host->device copies (from the slots, and from a kept buffer's pinned part)
+// go through `kernel` where it is given (HostToDeviceCopy::kKernel), by DMA
+// otherwise.
 class StagingResources final : public StagingDma {
  public:
   static Result<std::unique_ptr<StagingResources>> create(std::shared_ptr<const CudaDevice> dev,
-                                                          const CudaBackendOptions& options) {
-    auto r = std::unique_ptr<StagingResources>(new StagingResources(std::move(dev)));
+                                                          const CudaBackendOptions& options, KernelCopy* kernel) {
+    auto r = std::unique_ptr<StagingResources>(new StagingResources(std::move(dev), kernel));
     const CudaDevice& d = *r->dev_;
     SIESTA_TRY(d.make_current());
     const size_t slots = std::max<size_t>(2, options.staging_slots);
@@ -232,9 +288,13 @@ class StagingResources final : public StagingDma {
     r->ring_.slot_bytes = slot_bytes;
     for (size_t i = 0; i < slots; ++i) {
       void* p = nullptr;
-      SIESTA_TRY(d.check(d.driver->cuMemHostAlloc(&p, slot_bytes, 0),
+      SIESTA_TRY(d.check(d.driver->cuMemHostAlloc(&p, slot_bytes, CU_MEMHOSTALLOC_DEVICEMAP),
                          fmt::format("cuMemHostAlloc of a {} pinned staging slot", format_bytes(slot_bytes))));
       r->ring_.slots.push_back(p);
+      CUdeviceptr mapped = 0;
+      SIESTA_TRY(d.check(d.driver->cuMemHostGetDevicePointer(&mapped, p, 0),
+                         "cuMemHostGetDevicePointer of a pinned staging slot"));
+      r->slot_mapped_.push_back(mapped);
       CUevent e = nullptr;
       SIESTA_TRY(d.check(d.driver->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate"));
       r->events_.push_back(e);
@@ -265,21 +325,34 @@ class StagingResources final : public StagingDma {
   }
   Ok from_slot(size_t slot, void* device_dst, size_t bytes) override {
     const CudaDriver& d = *dev_->driver;
-    SIESTA_TRY(dev_->check(d.cuMemcpyHtoDAsync(device_ptr(device_dst), ring_.slots[slot], bytes, stream_),
-                           fmt::format("cuMemcpyHtoDAsync of {} from a staging slot", format_bytes(bytes))));
+    bool launched = false;
+    if (kernel_ != nullptr) {
+      const gather::GatherPiece piece{reinterpret_cast<const char*>(slot_mapped_[slot]), static_cast<char*>(device_dst),
+                                      bytes, 0};
+      SIESTA_ASSIGN_OR_RETURN(launched, kernel_->enqueue({&piece, 1}, stream_));
+    }
+    if (!launched)
+      SIESTA_TRY(dev_->check(d.cuMemcpyHtoDAsync(device_ptr(device_dst), ring_.slots[slot], bytes, stream_),
+                             fmt::format("cuMemcpyHtoDAsync of {} from a staging slot", format_bytes(bytes))));
     return dev_->check(d.cuEventRecord(events_[slot], stream_), "cuEventRecord");
   }
   Ok wait(size_t slot) override {
     return dev_->check(dev_->driver->cuEventSynchronize(events_[slot]), "cuEventSynchronize on a staging slot");
   }
 
-  // Direct DMA between device memory and pinned host memory, in pieces that
-  // never cross `piece` boundaries counted from `pinned_base` (each piece is a
-  // registration of its own); returns when done.
+  // Direct copies between device memory and pinned host memory, in pieces
+  // that never cross `piece` boundaries counted from `pinned_base` (each
+  // piece is a registration of its own, with its own device mapping); return
+  // when done. Device->host by DMA; host->device by one launch of the kernel
+  // over every piece where there is one, by DMA otherwise.
   Ok direct_to_host(void* host_dst, const void* device_src, size_t bytes, const void* pinned_base, size_t piece) {
     return direct(host_dst, device_src, bytes, pinned_base, piece, true);
   }
   Ok direct_from_host(void* device_dst, const void* host_src, size_t bytes, const void* pinned_base, size_t piece) {
+    if (kernel_ != nullptr) {
+      SIESTA_ASSIGN_OR_RETURN(bool launched, kernel_from_host(device_dst, host_src, bytes, pinned_base, piece));
+      if (launched) return {};
+    }
     return direct(const_cast<void*>(host_src), device_dst, bytes, pinned_base, piece, false);
   }
 
@@ -288,7 +361,41 @@ class StagingResources final : public StagingDma {
   size_t pinned_bytes() const { return ring_.slots.size() * ring_.slot_bytes; }
 
  private:
-  explicit StagingResources(std::shared_ptr<const CudaDevice> dev) : dev_(std::move(dev)) {}
+  StagingResources(std::shared_ptr<const CudaDevice> dev, KernelCopy* kernel) : dev_(std::move(dev)), kernel_(kernel) {}
+
+  // The kernel's half of direct_from_host: false when it cannot run here
+  // (nothing was enqueued).
+  Result<bool> kernel_from_host(void* device_dst, const void* host_src, size_t bytes, const void* pinned_base,
+                                size_t piece) {
+    const CudaDriver& d = *dev_->driver;
+    const auto* h = static_cast<const std::byte*>(host_src);
+    auto* dv = static_cast<char*>(device_dst);
+    const auto* base = static_cast<const std::byte*>(pinned_base);
+    std::vector<gather::GatherPiece> pieces;
+    for (size_t done = 0; done < bytes;) {
+      const size_t in_piece = static_cast<size_t>(h + done - base) % piece;
+      const size_t len = std::min(bytes - done, piece - in_piece);
+      // The registration that holds these bytes starts in_piece bytes before them.
+      CUdeviceptr mapped = 0;
+      SIESTA_TRY(dev_->check(d.cuMemHostGetDevicePointer(&mapped, const_cast<std::byte*>(h + done - in_piece), 0),
+                             "cuMemHostGetDevicePointer of a kept buffer's pinned piece"));
+      pieces.push_back(gather::GatherPiece{reinterpret_cast<const char*>(mapped + in_piece), dv + done, len, 0});
+      done += len;
+    }
+    Result<bool> launched = kernel_->enqueue(pieces, stream_);
+    // Whatever was enqueued finishes before the call returns, also on error.
+    Ok finished = finish("the gather kernel's copy from pinned host memory");
+    if (!launched) return launched.error();
+    SIESTA_TRY(std::move(finished));
+    return *launched;
+  }
+
+  // Records an event after everything issued on the stream and waits for it.
+  Ok finish(std::string_view what) {
+    const CudaDriver& d = *dev_->driver;
+    SIESTA_TRY(dev_->check(d.cuEventRecord(events_[0], stream_), fmt::format("cuEventRecord after {}", what)));
+    return dev_->check(d.cuEventSynchronize(events_[0]), fmt::format("cuEventSynchronize after {}", what));
+  }
 
   Ok direct(void* host, const void* device, size_t bytes, const void* pinned_base, size_t piece, bool to_host) {
     const CudaDriver& d = *dev_->driver;
@@ -314,7 +421,9 @@ class StagingResources final : public StagingDma {
   }
 
   std::shared_ptr<const CudaDevice> dev_;
+  KernelCopy* kernel_;  // the backend's; null: host->device by DMA
   StagingRing ring_;
+  std::vector<CUdeviceptr> slot_mapped_;  // each slot's device mapping
   std::vector<CUevent> events_;
   CUstream stream_ = nullptr;
   std::unique_ptr<ThreadPool> threads_;
@@ -353,7 +462,10 @@ class CudaBackend final : public MemoryBackend {
         prop_(prop),
         granularity_(granularity),
         description_(std::move(description)),
-        options_(options) {}
+        options_(options) {
+    if (options_.offload == OffloadMode::kStaged && options_.host_to_device == HostToDeviceCopy::kKernel)
+      kernel_ = std::make_unique<KernelCopy>(dev_->ordinal);
+  }
 
   BackendKind kind() const override { return BackendKind::kCuda; }
   std::string description() const override { return description_; }
@@ -533,7 +645,7 @@ class CudaBackend final : public MemoryBackend {
 
   Result<StagingResources*> staging_resources() {
     if (!staging_) {
-      auto made = StagingResources::create(dev_, options_);
+      auto made = StagingResources::create(dev_, options_, kernel_.get());
       if (!made) return made.error().with_context("setting up the pinned staging ring for offload copies");
       staging_ = std::move(*made);
       SIESTA_LOG_DEBUG("memory: staging ring of {} pinned, {} copy threads", format_bytes(staging_->pinned_bytes()),
@@ -547,6 +659,7 @@ class CudaBackend final : public MemoryBackend {
   size_t granularity_;
   std::string description_;
   CudaBackendOptions options_;
+  std::unique_ptr<KernelCopy> kernel_;         // kStaged with HostToDeviceCopy::kKernel; outlives staging_
   std::unique_ptr<StagingResources> staging_;  // kStaged, from the first staged copy
   std::shared_ptr<KeptBuffers> kept_ = std::make_shared<KeptBuffers>();
 };
@@ -562,6 +675,7 @@ const char* offload_mode_name(OffloadMode mode) {
 }
 
 Result<std::unique_ptr<MemoryBackend>> make_cuda_backend(CudaBackendOptions options) {
+  options.host_to_device = resolve_host_to_device_copy(options.host_to_device);
   SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<CudaDriver> driver, CudaDriver::load());
   auto dev = std::make_shared<CudaDevice>();
   dev->driver = std::move(driver);
@@ -608,8 +722,10 @@ Result<std::unique_ptr<MemoryBackend>> make_cuda_backend(CudaBackendOptions opti
       format_bytes(total), d.driver_version / 1000, d.driver_version % 1000 / 10, format_bytes(granularity),
       posix_fd ? "POSIX-FD export" : "no POSIX-FD export", rdma ? "GPUDirect RDMA with VMM" : "no GPUDirect RDMA with VMM",
       options.offload == OffloadMode::kStaged
-          ? fmt::format("staged through {} x {} pinned", std::max<size_t>(2, options.staging_slots),
-                        format_bytes(std::max<size_t>(size_t{1} << 20, options.staging_slot_bytes)))
+          ? fmt::format("staged through {} x {} pinned, restored by {}", std::max<size_t>(2, options.staging_slots),
+                        format_bytes(std::max<size_t>(size_t{1} << 20, options.staging_slot_bytes)),
+                        *options.host_to_device == HostToDeviceCopy::kKernel ? "the SMs (gather kernel)"
+                                                                              : "the copy engines")
           : std::string("to pinned host memory"));
   if (!posix_fd) SIESTA_LOG_WARN("{}: memory cannot be exported to ipc peers", description);
   return std::unique_ptr<MemoryBackend>(

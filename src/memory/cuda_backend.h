@@ -17,6 +17,13 @@
 //              backend's own stream, the host side split over copy threads;
 //              (kPinned) pinned host memory of the allocation's size
 //              (cuMemHostAlloc) per offload, cuMemcpyDtoH / HtoD
+//   restore    (kStaged) host->device from pinned memory (the kept buffers'
+//              pinned part, the staging slots) by the gather kernel
+//              (gather/gather_copy.h) reading the host memory through its
+//              device mapping (launched through the CUDA runtime in the
+//              backend's context), or by cuMemcpyHtoDAsync
+//              (host_to_device_copy.h); device->host always by
+//              cuMemcpyDtoHAsync
 //
 // Why staged by default: on the H200 machine cuMemHostAlloc pins at ~2.1 GB/s
 // against ~55 GB/s for the copy, so a pinned offload of 64 GiB took 38 s, of
@@ -33,9 +40,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "common/status.h"
 #include "memory/backend.h"
+#include "memory/host_to_device_copy.h"
 
 namespace siesta::memory {
 
@@ -62,6 +71,12 @@ struct CudaBackendOptions {
   // (PoolOptions::keep_offload_buffers), in the background, so that later
   // sleeps and wakes copy them by direct DMA.
   bool pin_kept_buffers = true;
+  // kStaged: what copies pinned host memory to the device at wake (the kept
+  // buffers' pinned part, the staging slots): the SMs (kKernel; the copy
+  // engines where the build has no kernel code for the device) or the copy
+  // engines. Unset: resolve_host_to_device_copy (SIESTA_HOST_TO_DEVICE_COPY,
+  // else kKernel). kPinned copies with the copy engines either way.
+  std::optional<HostToDeviceCopy> host_to_device;
 };
 
 Result<std::unique_ptr<MemoryBackend>> make_cuda_backend(CudaBackendOptions options = {});

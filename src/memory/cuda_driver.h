@@ -39,7 +39,7 @@ namespace siesta::memory {
   X(cuMemcpyHtoD, 3020) X(cuMemcpyDtoH, 3020) X(cuMemsetD8, 3020) X(cuMemcpyHtoDAsync, 3020)               \
   X(cuMemcpyDtoHAsync, 3020) X(cuStreamCreate, 2000) X(cuStreamDestroy, 4000) X(cuEventCreate, 2000)     \
   X(cuEventRecord, 2000) X(cuEventSynchronize, 2000) X(cuEventDestroy, 4000) X(cuMemHostRegister, 6050)      \
-  X(cuMemHostUnregister, 4000)
+  X(cuMemHostUnregister, 4000) X(cuMemHostGetDevicePointer, 3020)
 
 struct CudaDriver {
 #define SIESTA_CUDA_DECLARE_(name, version) PFN_##name##_v##version name = nullptr;

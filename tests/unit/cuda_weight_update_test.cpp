@@ -6,7 +6,10 @@
 // gives the outputs of a fresh CUDA engine started on the same checkpoint.
 // Bad handles and buffers described larger than their allocation are refused
 // with the weights unchanged; the checkpoint read (copy_files) gives the same
-// outputs as the load. Skips without a GPU (or a build without CUDA).
+// outputs as the load. The uploads out of pinned slots (WeightUpload), by the
+// gather kernel and by the copy engines, land byte for byte, and a whole
+// engine sleeps, wakes and reloads to the same outputs with either
+// (memory::HostToDeviceCopy). Skips without a GPU (or a build without CUDA).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
@@ -14,12 +17,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/engine.h"
@@ -32,7 +39,9 @@
 #ifdef SIESTA_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "memory/host_to_device_copy.h"
 #include "model/cuda/qwen3_cuda.h"
+#include "model/cuda/weight_upload.h"
 #include "test_data.h"
 #endif
 
@@ -344,6 +353,116 @@ TEST(CudaWeightUpdate, BadHandlesAndOversizedBuffersChangeNothing) {
 
   ASSERT_TRUE(e->resume(soon()));
   EXPECT_EQ(run_prompts(*e), ours);
+}
+
+// WeightUpload's copies out of its pinned slots, byte for byte, with each
+// HostToDeviceCopy: a checkpoint file read as many pieces (small ones that
+// share a read, more of them than one kernel launch carries; odd sizes, odd
+// file and device offsets; pieces larger than a read), and staged copies of
+// ordinary memory. Slots of 1 MiB, so that every path turns over many times.
+TEST(CudaWeightUpload, SlotCopiesLandByteForByteWithTheKernelAndTheCopyEngines) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  TempDir tmp("siesta_cuda_upload");
+  const size_t file_bytes = 24 * kMiB + 13;
+  std::vector<char> file(file_bytes);
+  std::mt19937_64 rng(5);
+  for (char& c : file) c = static_cast<char>(rng());
+  const fs::path path = tmp.path() / "blob.bin";
+  std::ofstream(path, std::ios::binary).write(file.data(), static_cast<std::streamsize>(file.size()));
+  ASSERT_EQ(fs::file_size(path), file_bytes);
+
+  const size_t device_bytes = 32 * kMiB;
+  char* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, device_bytes), cudaSuccess);
+  for (memory::HostToDeviceCopy how : {memory::HostToDeviceCopy::kKernel, memory::HostToDeviceCopy::kCopyEngine}) {
+    SCOPED_TRACE(memory::host_to_device_copy_name(how));
+    ASSERT_EQ(cudaMemset(device, 0, device_bytes), cudaSuccess);
+    std::vector<char> expect(device_bytes, 0);
+    auto up = cuda::WeightUpload::create(3, size_t{1} << 20, 2, 0, size_t{1} << 20, how);
+    ASSERT_TRUE(up) << up.error().message;
+    EXPECT_EQ((*up)->host_to_device(), how);
+
+    std::vector<cuda::WeightUpload::FilePiece> pieces;
+    size_t at = 1, to = 3;  // file and device offsets
+    auto piece = [&](size_t bytes, size_t file_gap, size_t device_gap) {
+      at += file_gap;
+      to += device_gap;
+      ASSERT_LE(at + bytes, file_bytes);
+      ASSERT_LE(to + bytes, device_bytes);
+      pieces.push_back({path.string(), at, device + to, bytes});
+      std::memcpy(expect.data() + to, file.data() + at, bytes);
+      at += bytes;
+      to += bytes;
+    };
+    // 300 small pieces, a few KiB apart in the file: about 150 to a 1 MiB read.
+    for (int i = 0; i < 300; ++i) piece(1 + rng() % 5000, rng() % 2000, 1 + rng() % 64);
+    // Pieces larger than a read, at offsets that are odd in the file and on the device.
+    piece(5 * kMiB + 7, 3, 5);
+    piece(2 * kMiB, 1, 16);
+    piece(3 * kMiB + 1, 70 << 10, 1);  // past the merge gap: a read of its own
+    std::shuffle(pieces.begin(), pieces.end(), rng);
+    auto ok = (*up)->copy_files(pieces);
+    ASSERT_TRUE(ok) << ok.error().message;
+
+    // Staged copies of ordinary memory, through the ring.
+    const size_t staged_at = to + 100;
+    ASSERT_TRUE((*up)->copy(device + staged_at, file.data() + 5, 3 * kMiB + 3));
+    std::memcpy(expect.data() + staged_at, file.data() + 5, 3 * kMiB + 3);
+    ASSERT_TRUE((*up)->copy(device + 7, file.data() + 2, 100));
+    std::memcpy(expect.data() + 7, file.data() + 2, 100);
+
+    std::vector<char> back(device_bytes);
+    ASSERT_EQ(cudaMemcpy(back.data(), device, device_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    size_t first = device_bytes;
+    for (size_t i = 0; i < device_bytes && first == device_bytes; ++i)
+      if (back[i] != expect[i]) first = i;
+    EXPECT_EQ(first, device_bytes) << "the first device byte that differs";
+  }
+  cudaFree(device);
+}
+
+// A whole engine with each HostToDeviceCopy (chosen through the environment,
+// as engine_sleep_bench does): level-1 sleeps (the second restores from the
+// kept, pinned buffer) and a level-2 sleep with reload_weights give the
+// outputs of before.
+TEST(CudaWeightUpdate, SleepWakeAndReloadGiveTheSameOutputsWithEitherHostToDeviceCopy) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  // SIESTA_HOST_TO_DEVICE_COPY as it was, whatever way the test ends.
+  struct RestoreEnv {
+    const char* before = std::getenv(memory::kHostToDeviceCopyEnv);
+    std::string saved = before ? before : "";
+    ~RestoreEnv() {
+      if (before) {
+        ::setenv(memory::kHostToDeviceCopyEnv, saved.c_str(), 1);
+      } else {
+        ::unsetenv(memory::kHostToDeviceCopyEnv);
+      }
+    }
+  } restore_env;
+  for (memory::HostToDeviceCopy how : {memory::HostToDeviceCopy::kKernel, memory::HostToDeviceCopy::kCopyEngine}) {
+    SCOPED_TRACE(memory::host_to_device_copy_name(how));
+    ::setenv(memory::kHostToDeviceCopyEnv, memory::host_to_device_copy_name(how), 1);
+    std::string skip;
+    auto e = make_engine_or_skip(cuda_options(), skip);
+    if (!e) GTEST_SKIP() << skip;
+    const std::string backend = e->memory_report(soon()).backend_description;
+    const char* restored_by =
+        how == memory::HostToDeviceCopy::kKernel ? "restored by the SMs" : "restored by the copy engines";
+    EXPECT_NE(backend.find(restored_by), std::string::npos) << backend;
+    const auto ours = run_prompts(*e);
+    for (int cycle = 0; cycle < 3; ++cycle) {
+      ASSERT_TRUE(e->sleep(1, PauseMode::kKeep, soon()));
+      ASSERT_TRUE(e->wake_up(TagSet::all(), soon()));
+      EXPECT_EQ(run_prompts(*e), ours) << "level 1, cycle " << cycle;
+      // Give the backend time to pin the kept buffer (a few MiB) for the next wake.
+      std::this_thread::sleep_for(200ms);
+    }
+    ASSERT_TRUE(e->sleep(2, PauseMode::kKeep, soon()));
+    ASSERT_TRUE(e->wake_up({Tag::kWeights}, soon()));
+    ASSERT_TRUE(e->reload_weights(std::nullopt, soon()));
+    ASSERT_TRUE(e->wake_up(TagSet::all(), soon()));
+    EXPECT_EQ(run_prompts(*e), ours) << "level 2";
+  }
 }
 
 #endif  // SIESTA_HAVE_CUDA

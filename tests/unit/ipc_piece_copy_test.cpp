@@ -24,11 +24,18 @@
 #ifdef SIESTA_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "transfer/ipc/gather_copy.h"
+#include "gather/gather_copy.h"
 #endif
 
 namespace siesta::transfer::ipc {
 namespace {
+
+#ifdef SIESTA_HAVE_CUDA
+using gather::gather_share;
+using gather::GatherShare;
+using gather::kGatherFewPieces;
+using gather::kGatherManyPieces;
+#endif
 
 TEST(TransferIpcCopyPath, ParsesItsThreeNamesAndRefusesOthers) {
   for (IpcCopy p : {IpcCopy::kAuto, IpcCopy::kKernel, IpcCopy::kCopyEngine}) {

@@ -1,12 +1,18 @@
 // MemoryPool on the CUDA backend: the host backend's lifecycle tests against
-// real device memory, measured with the device's free memory (cuMemGetInfo).
-// Skipped, with the reason, where there is no GPU (or no CUDA in the build).
+// real device memory, measured with the device's free memory (cuMemGetInfo);
+// and the backend's host->device restores from pinned host memory (kept
+// buffers, staging slots), by the gather kernel and by the copy engines
+// (HostToDeviceCopy), byte for byte. Skipped, with the reason, where there is
+// no GPU (or no CUDA in the build).
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -290,6 +296,154 @@ TEST_F(MemoryPoolCuda, UsageIsReadableFromAnotherThreadWhileTheOwnerSleepsAndWak
   stop = true;
   http.join();
   EXPECT_EQ(inconsistent.load(), 0);
+}
+
+// The restore paths, byte for byte: a backend of each HostToDeviceCopy, one
+// device range, and host sources that are a kept buffer pinned in three
+// registrations (direct copies, which split at registration boundaries) or
+// ordinary memory (staged through three 1 MiB slots), at offsets and sizes
+// that are not multiples of 16 (nor of 4, nor equally aligned at both ends).
+class CudaRestore : public ::testing::TestWithParam<HostToDeviceCopy> {
+ protected:
+  static constexpr size_t kPin = size_t{256} << 20;  // the backend pins kept buffers in pieces of this
+  static constexpr size_t kHostBytes = 2 * kPin + 40 * kMiB;
+  static constexpr size_t kDeviceBytes = 640 * kMiB;
+
+  void SetUp() override {
+    Result<std::unique_ptr<MemoryBackend>> backend = make_cuda_backend(
+        {.device = 0, .staging_slots = 3, .staging_slot_bytes = 1 * kMiB, .host_to_device = GetParam()});
+    if (!backend) GTEST_SKIP() << "no CUDA backend here: " << backend.error().message;
+    std::printf("backend: %s\n", (*backend)->description().c_str());
+    pool_ = std::make_unique<MemoryPool>(std::move(*backend));
+    device_ = pool_->allocate(kDeviceBytes, Tag::kWeights, {.single_allocation = true, .name = "restore"}).value();
+    mirror_.assign(kDeviceBytes, std::byte{0});  // what the device holds: zero-filled at first
+  }
+
+  MemoryBackend& backend() { return pool_->backend(); }
+  std::byte* device() { return static_cast<std::byte*>(device_.base); }
+
+  static void random_bytes(std::byte* p, size_t n, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const uint64_t w = rng();
+      std::memcpy(p + i, &w, 8);
+    }
+    for (; i < n; ++i) p[i] = static_cast<std::byte>(rng());
+  }
+
+  // Copies `bytes` from host `src` to device offset `at`, then reads back the
+  // range and 4 KiB either side (by the staged device->host path) against
+  // what the device should hold.
+  void restore_and_check(size_t at, const std::byte* src, size_t bytes) {
+    SCOPED_TRACE(std::to_string(bytes) + " bytes to device offset " + std::to_string(at));
+    ASSERT_LE(at + bytes, kDeviceBytes);
+    Ok ok = backend().copy_from_host(device() + at, src, bytes);
+    ASSERT_TRUE(ok) << ok.error().message;
+    std::memcpy(mirror_.data() + at, src, bytes);
+    const size_t lo = at > 4096 ? at - 4096 : 0, hi = std::min(kDeviceBytes, at + bytes + 4096);
+    std::vector<std::byte> back(hi - lo);
+    ok = backend().copy_to_host(back.data(), device() + lo, back.size());
+    ASSERT_TRUE(ok) << ok.error().message;
+    for (size_t i = 0; i < back.size(); ++i) {
+      if (back[i] == mirror_[lo + i]) continue;
+      const size_t d = lo + i;
+      FAIL() << "device byte " << d << " differs (" << (d < at ? "before" : d < at + bytes ? "inside" : "after")
+             << " the copy)";
+    }
+  }
+
+  std::unique_ptr<MemoryPool> pool_;
+  Allocation device_;
+  std::vector<std::byte> mirror_;
+};
+
+TEST_P(CudaRestore, FromAKeptPinnedBufferByteForByte) {
+  std::unique_ptr<HostBuffer> host = backend().allocate_host(kHostBytes).value();
+  auto* h = static_cast<std::byte*>(host->data());
+  random_bytes(h, kHostBytes, 7);
+  backend().retain_host(*host);  // pinned in the background, 256 MiB at a time
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (host->pinned_bytes() < host->bytes() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(host->pinned_bytes(), host->bytes()) << "the kept buffer was not pinned in 2 minutes";
+
+  restore_and_check(0, h, 64 * kMiB);                                // aligned, in the first registration
+  restore_and_check(3, h + 3, 1 * kMiB + 5);                         // equally misaligned ends, odd size
+  restore_and_check(7, h + 1, 777);                                  // ends misaligned mod 4: bytes
+  restore_and_check(4096 + 4, h + 8, 5 * kMiB + 12);                 // ends 4 apart mod 16: 4-byte words
+  restore_and_check(8, h + kPin - 1000, 3000 + 13);                  // across the first registration's end
+  restore_and_check(kMiB + 5, h + kPin - 7, kPin + 100 * kMiB + 3);  // across the second's, 356 MiB
+  restore_and_check(2 * kMiB, h + 16, 2 * kPin + 24 * kMiB);         // all three registrations
+  restore_and_check(kDeviceBytes - 1, h + kHostBytes - 1, 1);        // the last byte of both
+}
+
+TEST_P(CudaRestore, FromOrdinaryMemoryThroughTheStagingSlotsByteForByte) {
+  std::vector<std::byte> host(24 * kMiB + 64);
+  random_bytes(host.data(), host.size(), 11);
+  restore_and_check(0, host.data(), 24 * kMiB);        // eight slots' worth, every slot twice or more
+  restore_and_check(1, host.data() + 3, 5 * kMiB + 7);  // slots end mid-word
+  restore_and_check(9, host.data() + 9, 1 * kMiB);      // exactly a slot, misaligned equally
+  restore_and_check(33, host.data() + 2, 100);          // less than a word per thread
+}
+
+// Sleep and wake cycles of a pool that keeps its offload buffers: the first
+// wake restores through the staging slots, the later ones from the kept
+// buffer once it is pinned (three registrations), with the KV cache
+// released and mapped again each time as an engine's level-1 sleep does;
+// the weights change between cycles, so each sleep's copy is checked too.
+TEST_P(CudaRestore, SleepWakeCyclesThroughAKeptBufferKeepTheBytes) {
+  Result<std::unique_ptr<MemoryBackend>> made = make_cuda_backend({.device = 0, .host_to_device = GetParam()});
+  ASSERT_TRUE(made) << made.error().message;
+  MemoryPool pool(std::move(*made), {.keep_offload_buffers = true});
+  MemoryBackend& b = pool.backend();
+  const size_t weights_bytes = 2 * kPin + 10 * kMiB;
+  Allocation weights = pool.allocate(weights_bytes, Tag::kWeights, {.chunk_bytes = 32 * kMiB}).value();
+  Allocation kv = pool.allocate(1 * kGiB, Tag::kKvCache, {.single_allocation = true}).value();
+  std::vector<std::byte> expect(weights.bytes), back(weights.bytes);
+  for (int cycle = 0; cycle < 4; ++cycle) {
+    SCOPED_TRACE("cycle " + std::to_string(cycle));
+    random_bytes(expect.data(), expect.size(), 100 + cycle);
+    ASSERT_TRUE(b.copy_from_host(weights.base, expect.data(), expect.size()));
+    ASSERT_TRUE(pool.sleep({Tag::kWeights}));
+    ASSERT_TRUE(pool.wake(TagSet::all()));
+    ASSERT_TRUE(b.copy_to_host(back.data(), weights.base, back.size()));
+    ASSERT_TRUE(back == expect);
+    if (cycle == 0) {
+      // The buffer the first sleep made is kept and pinned in the background.
+      EXPECT_EQ(pool.usage()[Tag::kWeights].kept_host_bytes, weights.bytes);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (pool.pinned_host_bytes() < weights.bytes && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      ASSERT_GE(pool.pinned_host_bytes(), weights.bytes);
+    }
+  }
+  EXPECT_TRUE(pool.is_resident(Tag::kKvCache));
+}
+
+INSTANTIATE_TEST_SUITE_P(HostToDevice, CudaRestore,
+                         ::testing::Values(HostToDeviceCopy::kKernel, HostToDeviceCopy::kCopyEngine),
+                         [](const ::testing::TestParamInfo<HostToDeviceCopy>& info) {
+                           return std::string(host_to_device_copy_name(info.param));
+                         });
+
+TEST(CudaRestoreChoice, TheEnvironmentChoosesWhereTheCallerDoesNot) {
+  EXPECT_EQ(parse_host_to_device_copy("kernel").value(), HostToDeviceCopy::kKernel);
+  EXPECT_EQ(parse_host_to_device_copy("copy_engine").value(), HostToDeviceCopy::kCopyEngine);
+  Result<HostToDeviceCopy> bad = parse_host_to_device_copy("sm");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().message.find("copy_engine"), std::string::npos) << bad.error().message;
+  const char* before = std::getenv(kHostToDeviceCopyEnv);
+  const std::string saved = before ? before : "";
+  ::setenv(kHostToDeviceCopyEnv, "copy_engine", 1);
+  EXPECT_EQ(resolve_host_to_device_copy(), HostToDeviceCopy::kCopyEngine);
+  EXPECT_EQ(resolve_host_to_device_copy(HostToDeviceCopy::kKernel), HostToDeviceCopy::kKernel);
+  ::setenv(kHostToDeviceCopyEnv, "fast", 1);
+  EXPECT_EQ(resolve_host_to_device_copy(), HostToDeviceCopy::kKernel);
+  ::unsetenv(kHostToDeviceCopyEnv);
+  EXPECT_EQ(resolve_host_to_device_copy(), HostToDeviceCopy::kKernel);
+  EXPECT_EQ(resolve_host_to_device_copy(HostToDeviceCopy::kCopyEngine), HostToDeviceCopy::kCopyEngine);
+  if (before) ::setenv(kHostToDeviceCopyEnv, saved.c_str(), 1);
 }
 
 }  // namespace

@@ -14,7 +14,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/log.h"
 #include "common/thread_pool.h"
+#include "gather/gather_copy.h"
 #include "memory/staged_copy.h"
 #include "model/cuda/cuda_check.h"
 
@@ -22,9 +24,11 @@ namespace siesta::cuda {
 
 namespace {
 
-// What copy_files' threads own: two pinned slots, a stream, an event per slot.
+// What copy_files' threads own: two pinned slots (and their device
+// mappings), a stream, an event per slot.
 struct FileReader {
   void* slots[2] = {nullptr, nullptr};
+  const char* mapped[2] = {nullptr, nullptr};
   cudaEvent_t done[2] = {nullptr, nullptr};
   cudaStream_t stream = nullptr;
   size_t uses = 0;
@@ -47,16 +51,28 @@ struct FileRead {
 // Reads can merge pieces whose gap in the file is at most this (read and dropped).
 constexpr uint64_t kMergeGap = 64 << 10;
 
+// The device address of pinned host memory from cudaMallocHost.
+Result<const char*> device_mapping(void* host) {
+  void* mapped = nullptr;
+  SIESTA_CUDA_TRY(cudaHostGetDevicePointer(&mapped, host, 0), "mapping a pinned slot for the device");
+  return static_cast<const char*>(mapped);
+}
+
 }  // namespace
 
-// The DMA side of the staged copy through the CUDA runtime: one stream, one
-// event per slot; and the readers of copy_files.
+// The device side of the staged copy through the CUDA runtime: one stream,
+// one event per slot; and the readers of copy_files.
 struct WeightUpload::State final : public memory::StagingDma {
   memory::StagingRing ring;
+  std::vector<const char*> ring_mapped;  // each ring slot's device mapping
   std::vector<cudaEvent_t> events;
   cudaStream_t stream = nullptr;
   std::unique_ptr<ThreadPool> threads;
   int device = 0;
+  // Copies out of the slots by the gather kernel, over this many CTAs at most
+  // (the device's full grid); false: cudaMemcpyAsync.
+  bool kernel = false;
+  int gather_grid = 0;
   size_t file_slot_bytes = size_t{8} << 20;
   std::unique_ptr<ThreadPool> file_threads;
   std::vector<FileReader> readers;
@@ -89,6 +105,9 @@ struct WeightUpload::State final : public memory::StagingDma {
     for (FileReader& r : readers) {
       for (int s = 0; s < 2; ++s) {
         SIESTA_CUDA_TRY(cudaMallocHost(&r.slots[s], file_slot_bytes), "allocating pinned memory for checkpoint reads");
+        if (kernel) {
+          SIESTA_ASSIGN_OR_RETURN(r.mapped[s], device_mapping(r.slots[s]));
+        }
         SIESTA_CUDA_TRY(cudaEventCreateWithFlags(&r.done[s], cudaEventDisableTiming), "creating a CUDA event");
       }
       SIESTA_CUDA_TRY(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking), "creating a CUDA stream");
@@ -102,9 +121,22 @@ struct WeightUpload::State final : public memory::StagingDma {
     return cuda_result(cudaEventRecord(events[slot], stream), "recording a staging event");
   }
   Ok from_slot(size_t slot, void* device_dst, size_t bytes) override {
-    SIESTA_CUDA_TRY(cudaMemcpyAsync(device_dst, ring.slots[slot], bytes, cudaMemcpyHostToDevice, stream),
-                    "copying weights to the GPU");
+    if (kernel) {
+      const gather::GatherPiece piece{ring_mapped[slot], static_cast<char*>(device_dst), bytes, 0};
+      SIESTA_TRY(copy_by_kernel(&piece, 1, stream, "copying weights to the GPU"));
+    } else {
+      SIESTA_CUDA_TRY(cudaMemcpyAsync(device_dst, ring.slots[slot], bytes, cudaMemcpyHostToDevice, stream),
+                      "copying weights to the GPU");
+    }
     return cuda_result(cudaEventRecord(events[slot], stream), "recording a staging event");
+  }
+
+  // The gather kernel over `count` pieces (sources in the slots' device
+  // mappings) on `s`; any thread (gather_grid is set before the first copy).
+  Result<void> copy_by_kernel(const gather::GatherPiece* pieces, size_t count, cudaStream_t s, const char* what) const {
+    const cudaError_t e = gather::launch_gather_copy_pieces(pieces, count, gather_grid, s);
+    if (e != cudaSuccess) (void)cudaGetLastError();  // not left for a later check on this thread
+    return cuda_result(e, what);
   }
   Ok wait(size_t slot) override {
     return cuda_result(cudaEventSynchronize(events[slot]), "waiting for a weight copy");
@@ -112,16 +144,33 @@ struct WeightUpload::State final : public memory::StagingDma {
 };
 
 Result<std::unique_ptr<WeightUpload>> WeightUpload::create(size_t slots, size_t slot_bytes, size_t copy_threads,
-                                                           int device, size_t file_slot_bytes) {
+                                                           int device, size_t file_slot_bytes,
+                                                           std::optional<memory::HostToDeviceCopy> host_to_device) {
   auto state = std::make_unique<State>();
   state->device = device;
   state->file_slot_bytes = std::max<size_t>(file_slot_bytes, size_t{1} << 20);
   SIESTA_CUDA_TRY(cudaSetDevice(device), "selecting the CUDA device for weight copies");
+  if (memory::resolve_host_to_device_copy(host_to_device) == memory::HostToDeviceCopy::kKernel) {
+    const cudaError_t e = gather::gather_copy_full_grid(&state->gather_grid);
+    if (gather::gather_kernel_missing(e)) {
+      (void)cudaGetLastError();
+      SIESTA_LOG_WARN("weights: the gather kernel has no code for CUDA device {} ({}); checkpoint copies use "
+                      "cudaMemcpyAsync (rebuild with this GPU in CMAKE_CUDA_ARCHITECTURES)",
+                      device, cudaGetErrorString(e));
+    } else {
+      SIESTA_CUDA_TRY(e, "sizing the gather kernel's grid for weight copies");
+      state->kernel = true;
+    }
+  }
   state->ring.slot_bytes = std::max<size_t>(slot_bytes, size_t{1} << 20);
   for (size_t i = 0; i < std::max<size_t>(slots, 2); ++i) {
     void* p = nullptr;
     SIESTA_CUDA_TRY(cudaMallocHost(&p, state->ring.slot_bytes), "allocating pinned staging memory for weights");
     state->ring.slots.push_back(p);
+    if (state->kernel) {
+      SIESTA_ASSIGN_OR_RETURN(const char* mapped, device_mapping(p));
+      state->ring_mapped.push_back(mapped);
+    }
     cudaEvent_t e = nullptr;
     SIESTA_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating a CUDA event");
     state->events.push_back(e);
@@ -137,6 +186,10 @@ WeightUpload::~WeightUpload() = default;
 
 Result<void> WeightUpload::copy(void* device_dst, const void* host_src, size_t bytes) {
   return memory::staged_copy_from_host(*state_, state_->ring, *state_->threads, device_dst, host_src, bytes);
+}
+
+memory::HostToDeviceCopy WeightUpload::host_to_device() const {
+  return state_->kernel ? memory::HostToDeviceCopy::kKernel : memory::HostToDeviceCopy::kCopyEngine;
 }
 
 }  // namespace siesta::cuda
@@ -212,6 +265,7 @@ Result<void> WeightUpload::copy_files(std::span<const FilePiece> pieces) {
     failed.store(true);
   };
   st.file_threads->parallel_for(st.readers.size(), [&](size_t begin, size_t end) {
+    std::vector<gather::GatherPiece> gathered;
     for (size_t w = begin; w < end; ++w) {
       FileReader& rd = st.readers[w];
       if (auto ok = cuda_result(cudaSetDevice(st.device), "selecting the CUDA device for weight copies"); !ok) {
@@ -243,14 +297,26 @@ Result<void> WeightUpload::copy_files(std::span<const FilePiece> pieces) {
         }
         if (got < r.bytes) break;
         bool issued = true;
-        for (const FileRead::Scatter& sc : r.scatter)
-          if (auto ok = cuda_result(cudaMemcpyAsync(sc.dst, buf + sc.at, sc.bytes, cudaMemcpyHostToDevice, rd.stream),
-                                    "copying checkpoint bytes to the GPU");
-              !ok) {
+        if (st.kernel) {
+          // The read's destinations in one launch (one per kGatherFewPieces of them).
+          gathered.clear();
+          for (const FileRead::Scatter& sc : r.scatter)
+            gathered.push_back({rd.mapped[s] + sc.at, static_cast<char*>(sc.dst), sc.bytes, 0});
+          auto ok = st.copy_by_kernel(gathered.data(), gathered.size(), rd.stream, "copying checkpoint bytes to the GPU");
+          if (!ok) {
             fail(ok.error());
             issued = false;
-            break;
           }
+        } else {
+          for (const FileRead::Scatter& sc : r.scatter)
+            if (auto ok = cuda_result(cudaMemcpyAsync(sc.dst, buf + sc.at, sc.bytes, cudaMemcpyHostToDevice, rd.stream),
+                                      "copying checkpoint bytes to the GPU");
+                !ok) {
+              fail(ok.error());
+              issued = false;
+              break;
+            }
+        }
         if (!issued) break;
         if (auto ok = cuda_result(cudaEventRecord(rd.done[s], rd.stream), "recording a checkpoint copy"); !ok) {
           fail(ok.error());

@@ -12,7 +12,7 @@
 #ifdef SIESTA_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "transfer/ipc/gather_copy.h"
+#include "gather/gather_copy.h"
 #endif
 
 namespace siesta::transfer::ipc {
@@ -48,15 +48,19 @@ bool copies_with_kernel(IpcCopy path, PieceEnds ends, uint64_t peer_average) {
 
 namespace {
 
+using gather::gather_copy_ctas_per_sm;
+using gather::gather_share;
+using gather::GatherParams;
+using gather::GatherPiece;
+using gather::GatherShare;
+using gather::kGatherFewPieces;
+using gather::kGatherManyPieces;
+using gather::launch_gather_copy;
+
 constexpr size_t kMinTableBytes = size_t{64} << 10;
 
 Status cuda_rt_error(const std::string& what, cudaError_t e) {
   return io_error(fmt::format("{} failed: {} ({})", what, cudaGetErrorName(e), cudaGetErrorString(e)));
-}
-
-bool kernel_image_missing(cudaError_t e) {
-  return e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction ||
-         e == cudaErrorUnsupportedPtxVersion;
 }
 
 // What one thread copies with on one device: a stream, and the pinned host
@@ -123,7 +127,8 @@ class CopyStream {
       int sms = 0, per_sm = 0;
       cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_);
       if (e == cudaSuccess) e = gather_copy_ctas_per_sm(&per_sm);
-      if (e != cudaSuccess && !kernel_image_missing(e)) return cuda_rt_error("sizing the gather kernel's grid", e);
+      if (e != cudaSuccess && !gather::gather_kernel_missing(e))
+        return cuda_rt_error("sizing the gather kernel's grid", e);
       grid_ = std::max(sms, 1) * std::max(per_sm, 1);
     }
     return grid_;
@@ -232,7 +237,7 @@ Ok gather_kernel(std::span<const CopyPiece> pieces, bool* launched) {
     if (e != cudaSuccess) return cuda_rt_error("uploading the gather kernel's piece table", e);
     e = launch_gather_copy(reinterpret_cast<const GatherPiece*>(device), static_cast<uint32_t>(n), share, stream);
   }
-  if (kernel_image_missing(e)) {
+  if (gather::gather_kernel_missing(e)) {
     t_copy.kernel_missing = true;
     if (!g_warned_kernel_missing.exchange(true))
       SIESTA_LOG_WARN("ipc: the gather-copy kernel has no code for this GPU ({}); CUDA pieces are copied with "

@@ -1,5 +1,5 @@
 // How the ipc backend copies the pieces of a transfer that touch CUDA memory:
-// with one launch of the SM gather kernel (gather_copy.h) for the pieces whose
+// with one launch of the SM gather kernel (gather/gather_copy.h) for the pieces whose
 // both ends the copying device can address, and one cudaMemcpyAsync per piece
 // (the copy engines) for the rest. Which pieces take the kernel is the
 // backend's `ipc_copy` setting (TransferConfig::ipc_copy), decided per piece

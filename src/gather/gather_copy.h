@@ -1,9 +1,15 @@
-// The gather-copy kernel: every piece (src, dst, bytes) of a transfer copied by
-// the SMs in one launch, where one cudaMemcpyAsync per piece costs a few
-// microseconds of submission each (1.75 MiB KV blocks: ~410 GB/s on an H200).
-// A plain C++ header over the CUDA runtime's types, included by piece_copy.cpp
-// (host code) and gather_copy.cu (nvcc, C++17); compiled only when the build
-// has CUDA.
+// The gather-copy kernel: every piece (src, dst, bytes) of a copy done by the
+// SMs in one launch, where one cudaMemcpyAsync per piece costs a few
+// microseconds of submission each (1.75 MiB KV blocks: ~410 GB/s on an H200),
+// and where the copy engines are slow (host->device right after a large
+// device range was released and mapped again: ~30 GB/s for seconds on the
+// H200, where SM loads of the mapped host memory keep ~51 GB/s;
+// bench/probes/h2d_remap_probe.cpp). A plain C++ header over the CUDA
+// runtime's types, included by host code (.cpp) and gather_copy.cu (nvcc,
+// C++17); compiled only when the build has CUDA. Its users: the transfer
+// engine's ipc copies (transfer/ipc/piece_copy.h), the CUDA memory backend's
+// restores from pinned host memory (memory/cuda_backend.h) and the CUDA
+// model's checkpoint reads (model/cuda/weight_upload.h).
 //
 // The pieces are laid end to end (piece k starts at byte `begin` of the
 // whole) and every CTA copies an equal share of the whole: bytes
@@ -19,15 +25,18 @@
 // in a table in device memory uploaded before the launch.
 //
 // Every address must be one the launching device may read (src) or write
-// (dst): its own memory, or another GPU's mapped for it. Pieces must not
-// overlap each other's destinations or their own sources.
+// (dst): its own memory, another GPU's mapped for it, or pinned host memory
+// through its device mapping (cuMemHostGetDevicePointer /
+// cudaHostGetDevicePointer). Pieces must not overlap each other's
+// destinations or their own sources.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
-namespace siesta::transfer::ipc {
+namespace siesta::gather {
 
 struct GatherPiece {
   const char* src;
@@ -72,6 +81,18 @@ static_assert(sizeof(GatherParams<kGatherManyPieces>) <= 32764, "a launch takes 
 // How many CTAs of the kernel one SM of the current device runs at once.
 cudaError_t gather_copy_ctas_per_sm(int* ctas);
 
+// CTAs of the kernel that fill every SM of the current device at once (the
+// `ctas_max` of gather_share).
+cudaError_t gather_copy_full_grid(int* ctas);
+
+// The errors of a launch (or of gather_copy_ctas_per_sm) on a device the
+// build has no code for (CMAKE_CUDA_ARCHITECTURES without it): callers copy
+// with the copy engines instead.
+inline bool gather_kernel_missing(cudaError_t e) {
+  return e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction ||
+         e == cudaErrorUnsupportedPtxVersion;
+}
+
 // Launches the kernel on `stream` (of the current device) over `pieces`
 // pieces of a table in device memory that stays there until the kernel ends.
 // The launch's own error; faults surface at the stream's sync.
@@ -83,4 +104,12 @@ cudaError_t launch_gather_copy(const GatherPiece* pieces, uint32_t count, const 
 cudaError_t launch_gather_copy(const GatherParams<kGatherFewPieces>& params, int ctas, cudaStream_t stream);
 cudaError_t launch_gather_copy(const GatherParams<kGatherManyPieces>& params, int ctas, cudaStream_t stream);
 
-}  // namespace siesta::transfer::ipc
+// Copies `count` pieces on `stream` with one launch per kGatherFewPieces of
+// them, each launch's pieces in its parameters (nothing uploaded first, no
+// device memory of its own) and its bytes shared among up to `ctas_max` CTAs
+// (gather_share). The pieces' `begin` is not read (each launch lays its
+// pieces end to end itself); pieces of zero bytes are skipped. For copies of
+// a few pieces at a time whose caller keeps no piece table on the device.
+cudaError_t launch_gather_copy_pieces(const GatherPiece* pieces, size_t count, int ctas_max, cudaStream_t stream);
+
+}  // namespace siesta::gather

@@ -1,10 +1,10 @@
 // The gather-copy kernel (gather_copy.h says what it does and what it needs).
-#include "transfer/ipc/gather_copy.h"
+#include "gather/gather_copy.h"
 
 #include <algorithm>
 #include <cstdint>
 
-namespace siesta::transfer::ipc {
+namespace siesta::gather {
 namespace {
 
 // Streaming (evict-first) loads and stores for 4-, 8- and 16-byte words;
@@ -128,6 +128,16 @@ cudaError_t gather_copy_ctas_per_sm(int* ctas) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas, gather_copy_kernel, kGatherThreads, 0);
 }
 
+cudaError_t gather_copy_full_grid(int* ctas) {
+  int device = 0, sms = 0, per_sm = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e == cudaSuccess) e = gather_copy_ctas_per_sm(&per_sm);
+  if (e != cudaSuccess) return e;
+  *ctas = std::max(sms, 1) * std::max(per_sm, 1);
+  return cudaSuccess;
+}
+
 GatherShare gather_share(uint64_t total, uint64_t pieces, int ctas_max) {
   constexpr uint64_t kMinShare = uint64_t{16} << 10;
   constexpr uint64_t kPiecesPerCta = 8;
@@ -162,4 +172,28 @@ cudaError_t launch_gather_copy(const GatherParams<kGatherManyPieces>& params, in
   return launch_with_params(params, ctas, stream);
 }
 
-}  // namespace siesta::transfer::ipc
+cudaError_t launch_gather_copy_pieces(const GatherPiece* pieces, size_t count, int ctas_max, cudaStream_t stream) {
+  size_t k = 0;
+  while (k < count) {
+    GatherParams<kGatherFewPieces> params;
+    uint32_t n = 0;
+    uint64_t total = 0;
+    for (; k < count && n < static_cast<uint32_t>(kGatherFewPieces); ++k) {
+      if (pieces[k].bytes == 0) continue;
+      params.piece[n] = pieces[k];
+      params.piece[n].begin = total;
+      total += pieces[k].bytes;
+      ++n;
+    }
+    if (n == 0) break;
+    const GatherShare share = gather_share(total, n, ctas_max);
+    params.pieces = n;
+    params.total = total;
+    params.per_cta = share.per_cta;
+    const cudaError_t e = launch_with_params(params, share.ctas, stream);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace siesta::gather
