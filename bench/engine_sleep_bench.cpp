@@ -4,6 +4,7 @@
 //   engine_sleep_bench --model DIR [--device cuda|cpu] [--levels 1,2] [--repeat 3]
 //                      [--prompts 8] [--max-tokens 32] [--gpu-memory-utilization 0.9]
 //                      [--kv-cache-memory-bytes N] [--batch-invariant] [--shape NAME]
+//                      [--asleep-s S] [--restore-copy kernel|copy_engine]
 //                      [--out FILE.json] [--commit SHA] [--log-level info]
 //
 // One engine (sleep mode on, prefix caching off so every run computes the
@@ -13,10 +14,17 @@
 //   level 2: sleep(2) (everything released), wake_up(weights), reload_weights
 //            (the checkpoint read again), wake_up(kv_cache, scratch)
 // and after each wake the prompt set runs again and must give the baseline's
-// tokens. Device memory (cuMemGetInfo; host: MemAvailable) is read awake,
-// asleep and after wake. The limits measured in the same run: host<->device
-// copy bandwidth through pinned memory (cuMemcpy, what an offload can reach)
-// and the time to pin host memory. From them and the level-2 cycles (which
+// tokens. --asleep-s S keeps the engine asleep S seconds between the sleep and
+// the wake, as an RL trainer's training step does (default 0: wake at once).
+// --restore-copy says what copies the weights host->device at wake and
+// reload (memory/host_to_device_copy.h: the SMs, or the copy engines); it
+// sets SIESTA_HOST_TO_DEVICE_COPY for the engine, and the JSON records it.
+// Device memory (cuMemGetInfo; host: MemAvailable) is read awake, asleep and
+// after wake. The limits measured in the same run: host<->device
+// copy bandwidth through pinned memory (cuMemcpy, what an offload can reach),
+// the time to pin host memory, and the host->device rate of a restore from a
+// kept, pinned buffer by each HostToDeviceCopy (idle: nothing released or
+// mapped just before). From them and the level-2 cycles (which
 // only unmap and map):
 //   level 1 sleep limit = weights / pinned D->H bandwidth + level-2 sleep (unmapping)
 //   level 1 wake limit  = weights / pinned H->D bandwidth + level-2 wake_up(weights) + wake_up(kv_cache) (mapping)
@@ -51,6 +59,7 @@
 #include "engine/engine.h"
 #include "engine/random.h"
 #include "memory/cuda_backend.h"
+#include "memory/host_to_device_copy.h"
 #include "memory/memory_pool.h"
 
 using namespace siesta;
@@ -75,6 +84,8 @@ struct Options {
   bool batch_invariant = false;
   bool keep_offload_buffers = true;
   double settle_s = 120;
+  double asleep_s = 0;
+  std::string restore_copy;  // empty: SIESTA_HOST_TO_DEVICE_COPY as set, else the kernel
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -82,7 +93,7 @@ struct Options {
                "engine_sleep_bench: %s\n"
                "usage: engine_sleep_bench --model DIR [--device cuda|cpu] [--levels 1,2] [--repeat N] [--prompts N] "
                "[--max-tokens N] [--gpu-memory-utilization F] [--kv-cache-memory-bytes N] [--batch-invariant] "
-               "[--no-keep-offload-buffers] [--settle-s S] "
+               "[--no-keep-offload-buffers] [--settle-s S] [--asleep-s S] [--restore-copy kernel|copy_engine] "
                "[--shape NAME] [--out FILE.json] [--commit SHA] [--log-level LEVEL]\n",
                why.c_str());
   std::exit(2);
@@ -110,6 +121,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--batch-invariant") o.batch_invariant = true;
     else if (a == "--no-keep-offload-buffers") o.keep_offload_buffers = false;
     else if (a == "--settle-s") o.settle_s = std::atof(next().c_str());
+    else if (a == "--asleep-s") o.asleep_s = std::max(0.0, std::atof(next().c_str()));
+    else if (a == "--restore-copy") o.restore_copy = next();
     else if (a == "--shape") o.shape = next();
     else if (a == "--out") o.out = next();
     else if (a == "--commit") o.commit = next();
@@ -118,6 +131,10 @@ Options parse(int argc, char** argv) {
   }
   if (o.model.empty()) usage("--model is required");
   if (o.levels.empty()) usage("--levels: 1, 2 or 1,2");
+  if (!o.restore_copy.empty()) {
+    Result<memory::HostToDeviceCopy> r = memory::parse_host_to_device_copy(o.restore_copy);
+    if (!r) usage("--restore-copy: " + r.error().message);
+  }
   return o;
 }
 
@@ -236,6 +253,33 @@ nlohmann::json measure_copy_limit(uint64_t bytes) {
           {"pin_gb_per_s", pin_gb_s}};
 }
 
+// Host->device from a kept, pinned buffer (the CUDA backend's direct path at
+// level-1 wake) by one HostToDeviceCopy, with a pool of its own: GB/s, the
+// median of 3, or the error.
+nlohmann::json measure_kept_restore(uint64_t bytes, memory::HostToDeviceCopy how) {
+  auto backend = memory::make_cuda_backend({.device = 0, .host_to_device = how});
+  if (!backend) return backend.error().message;
+  memory::MemoryPool pool(std::move(*backend));
+  memory::Allocation a = check(pool.allocate(bytes, Tag::kScratch, {.single_allocation = true, .name = "restore rate"}),
+                               "allocating the restore-rate region");
+  auto host = check(pool.backend().allocate_host(bytes), "allocating a host buffer");
+  std::memset(host->data(), 1, bytes);
+  pool.backend().retain_host(*host);  // pinned in the background
+  const auto until = Clock::now() + std::chrono::minutes(2);
+  while (host->pinned_bytes() < host->bytes() && Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (host->pinned_bytes() < host->bytes()) return "the host buffer was not pinned in 2 minutes";
+  std::vector<double> from;
+  for (int i = 0; i < 3; ++i) {
+    const auto t = Clock::now();
+    check(pool.backend().copy_from_host(a.base, host->data(), bytes), "restore from a kept buffer");
+    from.push_back(static_cast<double>(bytes) / 1e6 / ms_since(t));
+  }
+  host.reset();
+  check(pool.free(a.id), "freeing the restore-rate region");
+  return median(from);
+}
+
 struct Cycle {
   int level = 0;
   bool first = false;          // level 1: the sleep that allocated the host buffer
@@ -267,12 +311,23 @@ int main(int argc, char** argv) {
   eo.max_num_seqs = std::max(opt.prompts, 16);
   if (!opt.kv_bytes.empty()) eo.kv_cache_memory_bytes = static_cast<uint64_t>(std::strtod(opt.kv_bytes.c_str(), nullptr));
   const bool cuda = eo.device == Device::kCuda;
+  // The engine's backend and model take it from the environment (memory/host_to_device_copy.h).
+  if (!opt.restore_copy.empty()) ::setenv(memory::kHostToDeviceCopyEnv, opt.restore_copy.c_str(), 1);
+  const std::string restore_copy = memory::host_to_device_copy_name(memory::resolve_host_to_device_copy());
 
   nlohmann::json limit = cuda ? measure_copy_limit(1 * kGiB) : nlohmann::json{{"what", "none (host backend)"}};
-  if (cuda && limit.contains("to_host_gb_per_s"))
-    std::fprintf(stderr, "limit: pinned copy to host %.1f GB/s, from host %.1f GB/s; pinning %.1f GB/s\n",
+  if (cuda && limit.contains("to_host_gb_per_s")) {
+    nlohmann::json kept = nlohmann::json::object();
+    for (memory::HostToDeviceCopy how : {memory::HostToDeviceCopy::kKernel, memory::HostToDeviceCopy::kCopyEngine})
+      kept[memory::host_to_device_copy_name(how)] = measure_kept_restore(1 * kGiB, how);
+    limit["kept_restore_gb_per_s"] = kept;
+    limit["kept_restore_is"] = "host->device from a kept, pinned offload buffer by each restore copy, idle";
+    std::fprintf(stderr, "limit: pinned copy to host %.1f GB/s, from host %.1f GB/s; pinning %.1f GB/s; restore from "
+                 "a kept buffer: kernel %s GB/s, copy engines %s GB/s\n",
                  limit["to_host_gb_per_s"].get<double>(), limit["from_host_gb_per_s"].get<double>(),
-                 limit["pin_gb_per_s"].get<double>());
+                 limit["pin_gb_per_s"].get<double>(), kept["kernel"].dump().c_str(),
+                 kept["copy_engine"].dump().c_str());
+  }
 
   auto t = Clock::now();
   std::unique_ptr<Engine> engine = check(Engine::create(eo), "creating the engine");
@@ -285,6 +340,7 @@ int main(int argc, char** argv) {
   const uint64_t scratch = awake_report.pool[Tag::kScratch].total_bytes();
   std::fprintf(stderr, "engine: %s, created in %.0f ms; weights %.2f GiB, KV cache %.2f GiB, scratch %.2f GiB\n",
                awake_report.backend_description.c_str(), create_ms, gib(weights), gib(kv), gib(scratch));
+  std::fprintf(stderr, "restore copy: %s; asleep %.1f s per cycle\n", restore_copy.c_str(), opt.asleep_s);
 
   const auto prompts = prompt_set(opt.prompts, cfg.vocab_size);
   const RunResult baseline = run_prompts(e, prompts, opt.max_tokens);
@@ -307,6 +363,8 @@ int main(int argc, char** argv) {
       c.offload_bytes = static_cast<double>(memory::sum(s.call.offloaded_bytes));
       c.released_bytes = static_cast<double>(memory::sum(s.call.released_bytes));
       c.asleep = device_memory(e);
+      // The trainer's step: the engine stays asleep (its memory released) this long.
+      if (opt.asleep_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(opt.asleep_s));
       if (level == 1) {
         t = Clock::now();
         check(e.wake_up(TagSet::all(), later()), "wake_up after level 1");
@@ -361,6 +419,7 @@ int main(int argc, char** argv) {
   std::printf("engine sleep/wake, %s, model %s (%s): weights %.2f GiB, KV %.2f GiB, scratch %.2f GiB\n",
               opt.device.c_str(), opt.model.c_str(), opt.shape.empty() ? "?" : opt.shape.c_str(), gib(weights),
               gib(kv), gib(scratch));
+  std::printf("restore copy %s, asleep %.1f s per cycle\n", restore_copy.c_str(), opt.asleep_s);
   if (limit.contains("to_host_gb_per_s"))
     std::printf("limit: pinned copy %.1f GB/s to host, %.1f GB/s from host; weights / that = %.0f ms + %.0f ms\n",
                 limit["to_host_gb_per_s"].get<double>(), limit["from_host_gb_per_s"].get<double>(),
@@ -474,6 +533,8 @@ int main(int argc, char** argv) {
         {"limit", limit},
         {"limits", limits},
         {"keep_offload_buffers", opt.keep_offload_buffers},
+        {"restore_copy", restore_copy},
+        {"asleep_s", opt.asleep_s},
         {"repeat", opt.repeat},
         {"cycles", jc},
         {"summary", summary},
@@ -483,6 +544,10 @@ int main(int argc, char** argv) {
                        "copied to host first)"},
           {"wake_ms", "level 1: wake_up(all), weights restored; level 2: wake_up(weights) + reload_weights + "
                       "wake_up(kv_cache, scratch)"},
+          {"restore_copy", "what copies host->device at wake and reload: kernel (the SMs read pinned host memory "
+                           "through its device mapping) or copy_engine (cuMemcpyHtoDAsync / cudaMemcpyAsync)"},
+          {"asleep_s", "seconds the engine stays asleep between each sleep and its wake (not in sleep_ms or "
+                       "wake_ms)"},
           {"device_used_asleep_bytes", "total - free from cuMemGetInfo while asleep (CUDA context and other "
                                        "processes included)"}}},
     };
