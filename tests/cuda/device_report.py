@@ -186,6 +186,14 @@ for shape in ("0.6b", "8b"):
                      f"{srv['server_share_of_step'] * 100:.1f}%; lone TTFT fresh "
                      f"{srv['lone']['fresh']['ttft_ms']:.1f} ms, warm {srv['lone']['warm_median_ttft_ms']:.1f} ms"))
 
+for mode, label in (("bi", "batch-invariant"), ("default", "default mode")):
+    r = load(f"invariance_{mode}_0.6b_h200.json")
+    if r:
+        c = r.get("counts") or {}
+        rows.append((f"invariance soak 0.6B, {label}", f"{r.get('wrong')} wrong of {r.get('requests')}",
+                     f"tokens {c.get('wrong_tokens')}, logprob values only {c.get('wrong_logprobs')}, errored "
+                     f"{r.get('errored')}, lost {r.get('lost')}; {r['clients']} clients, {r['seconds']:g} s"))
+
 w0 = max(len(r[0]) for r in rows)
 w1 = max(len(r[1]) for r in rows)
 print("\n" + "=" * (w0 + w1 + 40))
