@@ -152,6 +152,27 @@ def metrics(port):
     return parse_metrics(raw)
 
 
+def run_record(source, on_cuda):
+    """What a soak's JSON records about its run: the commit (SIESTA_COMMIT, else git in `source`),
+    the UTC date and the machine (the GPU's name and driver when on_cuda)."""
+    commit = os.environ.get("SIESTA_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "-C", source, "rev-parse", "HEAD"], capture_output=True,
+                                    text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            commit = None
+    gpu = None
+    if on_cuda:
+        try:
+            gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            gpu = None
+    return {"commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "machine": {"cpus": os.cpu_count(), "gpu": gpu, "uname": " ".join(os.uname())}}
+
+
 def post_without_length(port, path, headers=b"", timeout=60):
     """POSTs with neither a body nor Content-Length (what `curl -X POST URL` sends), on a raw
     socket; returns (response head, response body, seconds until the server closed)."""

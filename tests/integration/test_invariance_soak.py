@@ -51,7 +51,6 @@ import os
 import random
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -59,7 +58,7 @@ import time
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from siesta_test_util import Checks, SiestaProcess, http_request, metrics  # noqa: E402
+from siesta_test_util import Checks, SiestaProcess, http_request, metrics, run_record  # noqa: E402
 
 env = os.environ.get
 ap = argparse.ArgumentParser()
@@ -592,24 +591,8 @@ finally:
         server.stop()
     summary["passed"] = checks.failed == 0
     if args.json:
-        commit = os.environ.get("SIESTA_COMMIT")
-        if not commit:
-            try:
-                commit = subprocess.run(["git", "-C", args.source, "rev-parse", "HEAD"], capture_output=True,
-                                        text=True, timeout=10).stdout.strip()
-            except (OSError, subprocess.SubprocessError):
-                commit = None
-        gpu = None
-        if ON_CUDA:
-            try:
-                gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                                     capture_output=True, text=True, timeout=20).stdout.strip()
-            except (OSError, subprocess.SubprocessError):
-                gpu = None
         with open(args.json, "w") as f:
-            json.dump({"commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "machine": {"cpus": os.cpu_count(), "gpu": gpu, "uname": " ".join(os.uname())}, **summary},
-                      f, indent=1)
+            json.dump({**run_record(args.source, ON_CUDA), **summary}, f, indent=1)
     if checks.failed == 0 and not os.environ.get("SIESTA_TEST_KEEP_LOGS"):
         shutil.rmtree(tmp, ignore_errors=True)
     else:

@@ -35,7 +35,6 @@ import os
 import random
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,7 +42,8 @@ import time
 import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from siesta_test_util import Checks, SiestaProcess, completion_outcome, http_request, metrics  # noqa: E402
+from siesta_test_util import (Checks, SiestaProcess, completion_outcome, http_request, metrics,  # noqa: E402
+                               run_record)
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--siesta", required=True)
@@ -511,23 +511,8 @@ finally:
     if colocated:
         colocated.stop()
     if args.json:
-        commit = os.environ.get("SIESTA_COMMIT")
-        if not commit:
-            try:
-                commit = subprocess.run(["git", "-C", args.source, "rev-parse", "HEAD"], capture_output=True,
-                                        text=True, timeout=10).stdout.strip()
-            except (OSError, subprocess.SubprocessError):
-                commit = None
-        gpu = None
-        if ON_CUDA:
-            try:
-                gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                                     capture_output=True, text=True, timeout=20).stdout.strip()
-            except (OSError, subprocess.SubprocessError):
-                gpu = None
         with open(args.json, "w") as f:
-            json.dump({"commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "machine": {"cpus": os.cpu_count(), "gpu": gpu, "uname": " ".join(os.uname())},
+            json.dump({**run_record(args.source, ON_CUDA),
                        "seed": SEED, "device": args.device, "extra_serve_args": args.extra_serve_args,
                        "duration_s_per_pair": args.duration_s, "clients": args.clients, "pairs": results}, f,
                       indent=1)
