@@ -160,6 +160,10 @@ int main(int argc, char** argv) {
           tiles[std::to_string(tm) + "x" + std::to_string(tn)] = median_us(
               [&] { ok(cuda::launch_fixed_gemm(A, W, y, sh.f32, M, sh.N, sh.K, s, t), "wgmma tile"); }, s);
         }
+        cuda::FixedGemmOptions tma;
+        tma.kernel = 3;
+        tiles["tma128x128"] =
+            median_us([&] { ok(cuda::launch_fixed_gemm(A, W, y, sh.f32, M, sh.N, sh.K, s, tma), "wgmma tma"); }, s);
       }
       const double best = t_wg > 0 ? std::min(t_wg, t_mma) : t_mma;
       std::printf("%-5s %-8s %6d %6d %6d %10.1f %10.1f %10.1f %8.2f", sh.model, sh.name, M, sh.N, sh.K, cublas,

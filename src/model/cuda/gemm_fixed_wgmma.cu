@@ -20,7 +20,9 @@
 // grid.z take the segments in equal groups and store each segment's sum
 // (fp32) in the workspace, and a second kernel adds each element's segment
 // sums in order from zero: the same arithmetic as the unsplit fold.
+#include <cuda.h>
 #include <cuda_bf16.h>
+#include <cudaTypedefs.h>
 
 #include <algorithm>
 
@@ -204,6 +206,167 @@ __global__ void combine_segments_kernel(const float* __restrict__ partial, void*
   }
 }
 
+// The large-M kernel: three warpgroups, one that loads and two that multiply
+// (warp specialization). One thread of the first issues the tensor-memory
+// copies (TMA) of each 64-wide K tile, the 128 A rows and BN weight rows of
+// the CTA's output tile in 128-byte-swizzled rows, into a kTmaStages ring;
+// the copies signal a stage's `full` barrier as their bytes land, and the two
+// multiplying warpgroups (64 rows each) signal its `empty` barrier once the
+// wgmmas that read it are done. Each element's arithmetic is the kernel
+// above's: per segment one chain from zero, folded into the total at the
+// segment's end. Output tiles are walked in groups of kTmaGroupM tile rows,
+// so the CTAs running together share A and weight rows in L2.
+constexpr int kTmaStages = 6;
+constexpr int kTmaGroupM = 8;
+template <int BN>
+constexpr uint32_t tma_stage_bytes() {
+  return static_cast<uint32_t>((128 + BN) * kBK * sizeof(bf16));
+}
+template <int BN>
+constexpr size_t tma_smem_bytes() {
+  return static_cast<size_t>(kTmaStages) * tma_stage_bytes<BN>() + 2 * kTmaStages * sizeof(uint64_t) + 1024;
+}
+
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], "
+      "[%2];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(dev::smem_addr(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+template <int BN, bool kOutF32>
+__global__ __launch_bounds__(384, 1) void fixed_gemm_tma_kernel(const __grid_constant__ CUtensorMap a_map,
+                                                                const __grid_constant__ CUtensorMap w_map, void* out,
+                                                                int M, int N, int K) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kAcc = BN / 2;
+  dev::begin_dependent_kernel();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const uint32_t raw = dev::smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw + 1023) & ~1023u) - raw);
+  const uint32_t smem_base = dev::smem_addr(smem);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kTmaStages * tma_stage_bytes<BN>());
+  uint64_t* empty = full + kTmaStages;
+
+  const int tid = threadIdx.x, wg = tid >> 7;
+  // The output tile: groups of kTmaGroupM tile rows, down the rows first.
+  const int tiles_m = (M + 127) / 128, tiles_n = (N + BN - 1) / BN;
+  const int in_group = kTmaGroupM * tiles_n, pid = blockIdx.x;
+  const int first_m = pid / in_group * kTmaGroupM, group_m = min(tiles_m - first_m, kTmaGroupM);
+  const int bm0 = (first_m + pid % in_group % group_m) * 128, bn0 = pid % in_group / group_m * BN;
+  const int k_tiles = K / kBK, seg_tiles = k_tiles / kProjectionSegments;
+
+  if (tid == 0) {
+    for (int s = 0; s < kTmaStages; ++s) {
+      dev::mbar_init(&full[s], 1);
+      dev::mbar_init(&empty[s], 256);
+    }
+    dev::mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    if (tid != 0) return;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int s = kt % kTmaStages;
+      if (kt >= kTmaStages) dev::mbar_wait(&empty[s], ((kt / kTmaStages) - 1) & 1);
+      dev::mbar_expect_tx(&full[s], tma_stage_bytes<BN>());
+      const uint32_t stage = smem_base + s * tma_stage_bytes<BN>();
+      tma_load_2d(stage, &a_map, kt * kBK, bm0, &full[s]);
+      tma_load_2d(stage + 128 * 128, &w_map, kt * kBK, bn0, &full[s]);
+    }
+    return;
+  }
+
+  const int cw = wg - 1;  // this multiplying warpgroup's 64 rows
+  float acc[kAcc], tot[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) {
+    acc[i] = 0.0f;
+    tot[i] = 0.0f;
+  }
+  int pending = -1;  // the stage whose wgmmas may still run
+#pragma unroll 1
+  for (int seg_kt = 0; seg_kt < k_tiles; seg_kt += seg_tiles) {
+#pragma unroll 1
+    for (int kt = seg_kt; kt < seg_kt + seg_tiles; ++kt) {
+      const int s = kt % kTmaStages;
+      dev::mbar_wait(&full[s], (kt / kTmaStages) & 1);
+      const uint32_t stage = smem_base + s * tma_stage_bytes<BN>();
+      const uint32_t a_smem = stage + cw * 64 * 128, b_smem = stage + 128 * 128;
+      const int accumulate = kt == seg_kt ? 0 : 1;  // as in the kernel above
+      dev::wgmma_hold(acc);
+      dev::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk)
+        wgmma_step<BN>(acc, dev::smem_desc128(a_smem + kk * 32, 16, 1024),
+                       dev::smem_desc128(b_smem + kk * 32, 16, 1024), kk == 0 ? accumulate : 1);
+      dev::wgmma_commit();
+      dev::wgmma_hold(acc);
+      dev::wgmma_wait<1>();  // the previous tile's wgmmas are done: its stage is free
+      if (pending >= 0) dev::mbar_arrive(&empty[pending]);
+      pending = s;
+    }
+    dev::wgmma_wait<0>();
+    dev::wgmma_hold(acc);
+    dev::mbar_arrive(&empty[pending]);
+    pending = -1;
+#pragma unroll
+    for (int e = 0; e < kAcc; ++e) tot[e] += acc[e];
+  }
+  store_tile<BN, kOutF32 ? 1 : 2>(tot, out, M, N, bm0 + 64 * cw, bn0);
+#endif
+}
+
+// cuTensorMapEncodeTiled, from the driver the runtime loaded.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A row-major [rows, K] bf16 matrix, read in boxes of box_rows x 64 with the 128-byte swizzle.
+bool encode_rows(CUtensorMap* map, const bf16* base, int rows, int K, int box_rows) {
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr || (reinterpret_cast<uintptr_t>(base) & 15) != 0) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(K) * sizeof(bf16)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kBK), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides, box, elem,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int BN, bool kOutF32>
+cudaError_t launch_tma_variant(const CUtensorMap& a_map, const CUtensorMap& w_map, void* out, int M, int N, int K,
+                               const LaunchConfig& launch) {
+  auto* kernel = fixed_gemm_tma_kernel<BN, kOutF32>;
+  static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       static_cast<int>(tma_smem_bytes<BN>()));
+  if (attr != cudaSuccess) return attr;
+  const long tiles = static_cast<long>((M + 127) / 128) * ((N + BN - 1) / BN);
+  if (tiles > 0x7fffffffL) return cudaErrorInvalidValue;
+  return launch_kernel(kernel, dim3(static_cast<unsigned>(tiles)), 384, tma_smem_bytes<BN>(), launch, a_map, w_map,
+                       out, M, N, K);
+}
+
+cudaError_t launch_tma(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K,
+                       const LaunchConfig& launch) {
+  constexpr int BN = 128;
+  CUtensorMap a_map, w_map;
+  if (!encode_rows(&a_map, a, M, K, 128) || !encode_rows(&w_map, w, N, K, BN)) return cudaErrorNotSupported;
+  return out_f32 ? launch_tma_variant<BN, true>(a_map, w_map, out, M, N, K, launch)
+                 : launch_tma_variant<BN, false>(a_map, w_map, out, M, N, K, launch);
+}
+
 template <int kWG, int BN, bool kSplit, bool kOutF32>
 cudaError_t launch_variant(const bf16* a, const bf16* w, void* out, float* partial, int M, int N, int K, int splits,
                            const LaunchConfig& launch) {
@@ -241,6 +404,12 @@ cudaError_t launch_fixed_gemm_wgmma(const bf16* a, const bf16* w, void* out, boo
   if (!fixed_gemm_wgmma_supported(N, K)) return cudaErrorInvalidValue;
   const int sms = sm_count();
   auto tiles = [&](int bm, int bn) { return static_cast<long>((M + bm - 1) / bm) * ((N + bn - 1) / bn); };
+  // Where 128 x 128 tiles fill the SMs, the warp-specialized TMA kernel.
+  if (opt.kernel == 3 || (opt.kernel == 0 && opt.tile_m == 0 && opt.tile_n == 0 && opt.splits == 0 &&
+                          tiles(128, 128) >= sms)) {
+    const cudaError_t err = launch_tma(a, w, out, out_f32, M, N, K, launch);
+    if (err != cudaErrorNotSupported || opt.kernel == 3) return err;
+  }
   int bn = opt.tile_n, bm = opt.tile_m;
   // Two warpgroups per CTA (half the weight reads per row) where that still fills
   // the SMs; 128 columns where that does. Below, one warpgroup and, with too few
