@@ -1,6 +1,9 @@
 #include "engine/engine_step.h"
 
 #include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
 namespace siesta {
 namespace {
@@ -26,8 +29,9 @@ struct HostStep {
   std::vector<std::vector<TokenLogprobs>> prompt_logprobs;  // empty, or one per sequence
 };
 
-// The host path: every sequence's row of logits comes back and the engine
-// sampler picks from it.
+// The host path, for a model that does not choose tokens (or a caller that
+// asks for the host): every sequence's row of logits comes back and the
+// engine sampler picks from it.
 Result<HostStep> forward_and_sample(const SchedulerOutput& out, Model& model, const KvCacheView& kv,
                                     Sampler& sampler, ForwardOutput& logits) {
   SIESTA_TRY(model.forward(out.chunks, kv, logits));
@@ -48,28 +52,35 @@ Result<HostStep> forward_and_sample(const SchedulerOutput& out, Model& model, co
   return step;
 }
 
-// The device path (Model::forward_choose): only tokens come back. nullopt
-// when a sequence of the step needs its logits here (log-probabilities of
-// its output or its prompt, a producer's kept row, adjusted logits, more
-// banned ids than the device takes); no draw has been taken then.
-Result<std::optional<std::vector<SampledToken>>> forward_and_choose(const SchedulerOutput& out, Model& model,
-                                                                    const KvCacheView& kv, Sampler& sampler,
-                                                                    ForwardOutput& logits) {
-  using Chosen = std::optional<std::vector<SampledToken>>;
+// The device path (Model::forward_choose), one call for the whole step. A
+// sequence is chosen on the device unless it needs its logits here (its
+// output's or its prompt's log-probabilities, a producer's kept row,
+// adjusted logits, a forced token, more banned ids than the device takes):
+// those are marked on_host, their rows come back and the host sampler picks
+// them with the same draw, exactly as forward_and_sample would. Which path a
+// sequence takes depends on its own request only, never on its batch-mates.
+Result<HostStep> forward_and_choose(const SchedulerOutput& out, Model& model, const KvCacheView& kv, Sampler& sampler,
+                                    ForwardOutput& logits) {
   const size_t n = out.sequences.size();
   std::vector<std::vector<int32_t>> banned(n);
-  std::vector<TokenChoice> choices(n);  // greedy for sequences that do not sample this step
+  std::vector<TokenChoice> choices(n);  // greedy for sequences that neither sample nor score
   for (size_t i = 0; i < n; ++i) {
     const ScheduledSequence& seq = out.sequences[i];
-    if (seq.prompt_logprobs) return Chosen();
+    if (seq.prompt_logprobs) {
+      choices[i].on_host = true;  // every row of its chunk comes back
+      continue;
+    }
     if (!seq.sample) continue;
-    if (seq.keep_logits) return Chosen();
-    auto c = sampler.device_choice(*seq.params, seq.sample_step, 0.0, banned[i], history_of(seq));
-    if (!c) return Chosen();
-    choices[i] = *c;
+    std::optional<TokenChoice> c;
+    if (!seq.keep_logits) c = sampler.device_choice(*seq.params, seq.sample_step, 0.0, banned[i], history_of(seq));
+    if (c) {
+      choices[i] = *c;
+    } else {
+      choices[i].on_host = true;
+    }
   }
-  // Every sequence can be chosen on the device: take the draws, in the order
-  // the host sampler takes them.
+  // The draws, in the order the host sampler takes them (sequence order),
+  // whichever side picks the token.
   std::vector<double> draws(n, 0.0);
   for (size_t i = 0; i < n; ++i) {
     const ScheduledSequence& seq = out.sequences[i];
@@ -82,20 +93,41 @@ Result<std::optional<std::vector<SampledToken>>> forward_and_choose(const Schedu
   if (tokens.size() != n)
     return internal_error("the model chose " + std::to_string(tokens.size()) + " tokens for " + std::to_string(n) +
                           " sequences");
-  std::vector<SampledToken> sampled;
-  sampled.reserve(out.num_samples());
+  // The rows of the sequences chosen here must have come back.
+  for (size_t i = 0; i < n; ++i) {
+    if (tokens[i] != kChooseOnHost) {
+      if (choices[i].on_host)
+        return internal_error("the model chose a token for sequence " + std::to_string(i) + ", which the host chooses");
+      continue;
+    }
+    const size_t want = choices[i].on_host && out.chunks[i].all_logits ? out.chunks[i].tokens.size() : 1;
+    if (logits.num_rows.size() != n || logits.first_row.size() != n || logits.num_rows[i] != want ||
+        (logits.first_row[i] + want) * static_cast<size_t>(logits.vocab_size) > logits.logits.size())
+      return internal_error("the model returned no logits (or too few rows) for sequence " + std::to_string(i) +
+                            ", which the host chooses");
+  }
+
+  HostStep step;
+  step.sampled.reserve(out.num_samples());
   for (size_t i = 0; i < n; ++i) {
     const ScheduledSequence& seq = out.sequences[i];
+    if (seq.prompt_logprobs) {
+      step.prompt_logprobs.resize(n);
+      step.prompt_logprobs[i] = score_prompt(seq, logits, i);
+    }
     if (!seq.sample) continue;
-    if (tokens[i] == kChooseOnHost) {
-      sampled.push_back(sampler.sample_drawn(logits.last(i), *seq.params, seq.sample_step, draws[i], history_of(seq)));
-    } else {
+    if (tokens[i] != kChooseOnHost) {
       SampledToken t;
       t.token = tokens[i];
-      sampled.push_back(t);
+      step.sampled.push_back(t);
+      continue;
     }
+    const std::span<const float> row = logits.last(i);
+    step.sampled.push_back(sampler.sample_drawn(row, *seq.params, seq.sample_step, draws[i], history_of(seq)));
+    if (seq.keep_logits)
+      step.sampled.back().logits = std::make_shared<const std::vector<float>>(row.begin(), row.end());
   }
-  return Chosen(std::move(sampled));
+  return step;
 }
 
 StepShape shape_of(const SchedulerOutput& out) {
@@ -120,13 +152,13 @@ Result<std::vector<RequestOutput>> run_step(Scheduler& scheduler, Model& model, 
   SchedulerOutput out = scheduler.schedule();
   if (shape) *shape = shape_of(out);
   if (out.empty()) return std::vector<RequestOutput>{};
-  std::optional<std::vector<SampledToken>> sampled;
+  HostStep step;
   if (choose_on_device && model.chooses_tokens()) {
-    SIESTA_ASSIGN_OR_RETURN(sampled, forward_and_choose(out, model, kv, sampler, logits));
+    SIESTA_ASSIGN_OR_RETURN(step, forward_and_choose(out, model, kv, sampler, logits));
+  } else {
+    SIESTA_ASSIGN_OR_RETURN(step, forward_and_sample(out, model, kv, sampler, logits));
   }
-  if (sampled) return scheduler.update(out, *sampled);
-  SIESTA_ASSIGN_OR_RETURN(HostStep host, forward_and_sample(out, model, kv, sampler, logits));
-  return scheduler.update(out, host.sampled, host.prompt_logprobs);
+  return scheduler.update(out, step.sampled, step.prompt_logprobs);
 }
 
 }  // namespace siesta

@@ -10,12 +10,16 @@
 //
 // A model that chooses tokens on its device (Model::chooses_tokens, the CUDA
 // model) picks them there with the sampler's settings and draws, and only
-// the tokens come back, unless choose_on_device is false or a sequence of
-// the step needs its logits here (log-probabilities, a P/D producer's first
+// the tokens come back, unless choose_on_device is false (then every row
+// comes back and the host samples). In one forward_choose call, a sequence
+// that needs its logits here (log-probabilities, a P/D producer's first
 // token, penalties, logit_bias, allowed or bad tokens, a forced token, a
-// scored prompt); the tokens are the host sampler's either way. A scored
-// prompt (SamplingParams::prompt_logprobs) takes all its chunk's rows and
-// hands their log-probabilities to Scheduler::update.
+// scored prompt) gets its rows back and the host sampler picks its token
+// with the same draw, while its batch-mates are still chosen on the device:
+// each sequence takes the path its own request decides, so what it is
+// batched with does not change how its token is picked. A scored prompt
+// (SamplingParams::prompt_logprobs) takes all its chunk's rows and hands
+// their log-probabilities to Scheduler::update.
 //
 // `shape`, when given, gets the step's batch in numbers (step_record.h), also
 // when the forward fails; an empty step leaves it zero.

@@ -81,7 +81,9 @@ struct ForwardOutput {
 // token (Model::forward_choose): the engine sampler's settings for the step
 // and its draw (Sampler::device_choice). NaN counts as -inf, greedy is the
 // first maximum, then temperature, min-p, top-k, top-p and the draw, as the
-// engine sampler does them.
+// engine sampler does them. on_host: the device chooses nothing for this
+// sequence; its logits come back for the host (every row of an all_logits
+// chunk, else its last) and the other fields are ignored.
 struct TokenChoice {
   double temperature = 0.0;         // < 1e-5: greedy
   double top_p = 1.0;               // 1: off
@@ -89,9 +91,11 @@ struct TokenChoice {
   double min_p = 0.0;               // 0: off
   double uniform = 0.0;             // the request's draw for this step, in [0, 1)
   std::span<const int32_t> banned;  // ids that may not be chosen (min_tokens)
+  bool on_host = false;             // the host chooses: bring back the logits
 };
 inline constexpr int kMaxChoiceBannedTokens = 32;
-// forward_choose's token for a row the device could not decide.
+// forward_choose's token for a sequence the host chooses: on_host, or a row
+// the device could not decide.
 inline constexpr int32_t kChooseOnHost = -1;
 
 class Model {
@@ -110,10 +114,17 @@ class Model {
   virtual bool chooses_tokens() const { return false; }
   // forward(), then each sequence's next token picked from its last row of
   // logits as choices[i] says (one per sequence; at most
-  // kMaxChoiceBannedTokens banned ids each). tokens[i] == kChooseOnHost: the
-  // device could not decide that row; `logits` then holds one row per
-  // sequence (first_row[i] == i) for the host sampler, and is untouched when
-  // every row was decided.
+  // kMaxChoiceBannedTokens banned ids each). One call serves sequences of
+  // both kinds, and a sequence's token or logits do not depend on which
+  // kind its batch-mates are.
+  //   tokens[i]: the device's choice, or kChooseOnHost when choices[i].on_host
+  //     or the device could not decide the row (the host sampler then picks
+  //     it from the logits with the same draw).
+  //   logits: the rows of the kChooseOnHost sequences, as forward() gives
+  //     them, at first_row[i] for num_rows[i] rows: every row of an on_host
+  //     all_logits chunk, else the last. Sequences chosen on the device have
+  //     num_rows[i] == 0 (all_logits is ignored for them), so a step whose
+  //     tokens were all chosen on the device copies no logits.
   virtual Result<void> forward_choose(std::span<const SequenceChunk> /*batch*/, const KvCacheView& /*kv*/,
                                       std::span<const TokenChoice> /*choices*/, std::vector<int32_t>& /*tokens*/,
                                       ForwardOutput& /*logits*/) {

@@ -100,7 +100,7 @@ TEST(CudaStepPlan, DecodePaddingAddsCachelessRowsAndKeepsOffsetsFixed) {
   EXPECT_EQ(p3->kv_len[7], 0);
   EXPECT_TRUE(p3->logits_rows_are_all_tokens());
   // A graph captured for one padded step must fit the next: same offsets.
-  const StepLayout l3 = step_layout(*p3, true), l5 = step_layout(*p5, true);
+  const StepLayout l3 = step_layout(*p3, p3->logits_rows.size()), l5 = step_layout(*p5, p5->logits_rows.size());
   EXPECT_EQ(l3.block_tables, l5.block_tables);
   EXPECT_EQ(l3.sampling, l5.sampling);
   EXPECT_EQ(l3.banned, l5.banned);
@@ -151,7 +151,7 @@ TEST(CudaStepPlan, OneTokenAsPrefillRoutesEveryRowToPrefillTiles) {
   EXPECT_EQ(p3->kv_len[7], 0);
   EXPECT_EQ(p3->slots[7], -1);
   EXPECT_TRUE(p3->logits_rows_are_all_tokens());
-  const StepLayout l3 = step_layout(*p3, true), l5 = step_layout(*p5, true);
+  const StepLayout l3 = step_layout(*p3, p3->logits_rows.size()), l5 = step_layout(*p5, p5->logits_rows.size());
   EXPECT_EQ(l3.prefill_items, l5.prefill_items);
   EXPECT_EQ(l3.logits_rows, l5.logits_rows);
   EXPECT_EQ(l3.sampling, l5.sampling);
@@ -169,7 +169,7 @@ TEST(CudaStepPlan, ImageHoldsTheArraysAndSamplingRecords) {
   std::vector<PassChunk> two(2, PassChunk{0, {one, 5, table, false}, LogitsWanted::kLast});
   auto plan = plan_pass(two, 4, StepShape{});
   ASSERT_TRUE(plan);
-  const StepLayout l = step_layout(*plan, true);
+  const StepLayout l = step_layout(*plan, plan->logits_rows.size());
   const std::vector<int32_t> banned = {3, 4};
   std::vector<TokenChoice> rows(2);
   rows[1].temperature = 0.7;
@@ -203,6 +203,42 @@ TEST(CudaStepPlan, ImageHoldsTheArraysAndSamplingRecords) {
   std::vector<int32_t> too_many(40, 1);
   rows[0].banned = too_many;
   EXPECT_FALSE(pack_step(*plan, l, rows));
+}
+
+// A pass with a chunk whose every row goes to the host: only the device's
+// rows get sampling records, so the image's sampling sections stay as small
+// as the sequences, however many rows the host takes.
+TEST(CudaStepPlan, SamplingRecordsOnlyForTheDevicesRows) {
+  const auto prompt = iota_tokens(40);
+  std::vector<int32_t> table(4);
+  std::iota(table.begin(), table.end(), 0);
+  const std::vector<int32_t> one = {9};
+  std::vector<PassChunk> c = {{0, {one, 5, table, false}, LogitsWanted::kLast},
+                              {1, {prompt, 0, table, true}, LogitsWanted::kAll},
+                              {2, {one, 7, table, false}, LogitsWanted::kLast}};
+  auto plan = plan_pass(c, 0, StepShape{});
+  ASSERT_TRUE(plan) << plan.error().message;
+  ASSERT_EQ(plan->logits_rows.size(), 42u);
+  EXPECT_EQ(plan->first_row, (std::vector<size_t>{0, 1, 41}));
+  const StepLayout none = step_layout(*plan, 0), two = step_layout(*plan, 2);
+  EXPECT_EQ(none.banned - none.sampling, 0u);
+  EXPECT_EQ(none.sync - none.banned, 0u);
+  EXPECT_EQ(two.banned - two.sampling, 2 * sizeof(SamplingRecord));
+  EXPECT_EQ(two.sync - two.banned, 2u * kMaxBannedIdsPerRow * 4);
+  std::vector<TokenChoice> rows(2);
+  rows[1].temperature = 0.9;
+  rows[1].uniform = 0.5;
+  auto img = pack_step(*plan, two, rows);
+  ASSERT_TRUE(img) << img.error().message;
+  SamplingRecord rec;
+  std::memcpy(&rec, img->data() + two.sampling + sizeof(SamplingRecord), sizeof rec);
+  EXPECT_EQ(rec.temperature, 0.9);
+  EXPECT_EQ(rec.uniform, 0.5);
+  EXPECT_EQ(rec.banned_begin, kMaxBannedIdsPerRow);  // record 1's banned ids
+  // More choices than records, or more records than logits rows, is an error.
+  rows.resize(3);
+  EXPECT_FALSE(pack_step(*plan, two, rows));
+  EXPECT_FALSE(pack_step(*plan, step_layout(*plan, 43), {}));
 }
 
 TEST(CudaStepPlan, ShortBlockTableIsAnError) {

@@ -170,7 +170,9 @@ struct CudaQwen3::Impl {
 
   Result<void> init_buffers();
   Result<void> check_cache(const KvCacheView& kv) const;
-  Result<PassDevice> upload(const cuda::StepPlan& plan, bool choose, std::span<const TokenChoice> choices,
+  // sampling_rows: sampling records in the image, choices[r] for record r
+  // (greedy past choices.size()); 0: the pass samples nothing.
+  Result<PassDevice> upload(const cuda::StepPlan& plan, size_t sampling_rows, std::span<const TokenChoice> choices,
                             const KvCacheView& kv);
   Result<void> linear(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K);
   Result<void> enqueue_layers(const PassDevice& p);
@@ -185,6 +187,9 @@ struct CudaQwen3::Impl {
   bool graph_eligible(std::span<const SequenceChunk> batch) const;
   Result<void> decode_step(std::span<const SequenceChunk> batch, const KvCacheView& kv,
                            std::span<const TokenChoice> choices, bool choose);
+  Result<void> choose_tokens(std::span<const SequenceChunk> batch, const KvCacheView& kv,
+                             std::span<const TokenChoice> choices, bool copy_logits, std::vector<int32_t>& tokens,
+                             ForwardOutput& out);
 };
 
 Result<void> CudaQwen3::Impl::init_buffers() {
@@ -217,12 +222,12 @@ Result<void> CudaQwen3::Impl::check_cache(const KvCacheView& kv) const {
   return {};
 }
 
-Result<PassDevice> CudaQwen3::Impl::upload(const cuda::StepPlan& plan, bool choose,
+Result<PassDevice> CudaQwen3::Impl::upload(const cuda::StepPlan& plan, size_t sampling_rows,
                                            std::span<const TokenChoice> choices, const KvCacheView& kv) {
   if (plan.max_kv_len > opt.max_model_len)
     return invalid_argument("forward: a sequence reaches " + std::to_string(plan.max_kv_len) +
                             " positions, past max_model_len " + std::to_string(opt.max_model_len));
-  const cuda::StepLayout L = cuda::step_layout(plan, choose);
+  const cuda::StepLayout L = cuda::step_layout(plan, sampling_rows);
   if (L.end > scratch.meta_capacity) return internal_error("forward: step metadata larger than its buffer");
   SIESTA_ASSIGN_OR_RETURN(std::vector<std::byte> image, cuda::pack_step(plan, L, choices));
   // The previous upload must have left the pinned buffer before it is rewritten.
@@ -494,7 +499,7 @@ Result<void> CudaQwen3::Impl::decode_step(std::span<const SequenceChunk> batch, 
   if (plan.max_partitions > parts)
     return invalid_argument("forward: context longer than max_model_len " + std::to_string(opt.max_model_len));
   plan.max_partitions = parts;
-  SIESTA_ASSIGN_OR_RETURN(PassDevice p, upload(plan, choose, choices, kv));
+  SIESTA_ASSIGN_OR_RETURN(PassDevice p, upload(plan, choose ? plan.logits_rows.size() : 0, choices, kv));
 
   const cuda::GraphKey key{padded, parts, choose, kv.base};
   graph_launched = false;
@@ -809,7 +814,7 @@ Result<void> CudaQwen3::forward(std::span<const SequenceChunk> batch, const KvCa
   std::vector<size_t> cursor(out.first_row);  // next output row per sequence
   for (const auto& pass : cuda::split_into_passes(batch, {m.opt.max_batch_tokens, m.opt.max_seqs})) {
     SIESTA_ASSIGN_OR_RETURN(cuda::StepPlan plan, cuda::plan_pass(pass, 0, m.shape()));
-    SIESTA_ASSIGN_OR_RETURN(PassDevice p, m.upload(plan, false, {}, kv));
+    SIESTA_ASSIGN_OR_RETURN(PassDevice p, m.upload(plan, 0, {}, kv));
     SIESTA_TRY(m.enqueue_layers(p));
     for (int r0 = 0; r0 < p.R; r0 += m.scratch.logits_rows_cap) {
       const int r1 = std::min(p.R, r0 + m.scratch.logits_rows_cap);
@@ -830,89 +835,161 @@ Result<void> CudaQwen3::forward(std::span<const SequenceChunk> batch, const KvCa
   return {};
 }
 
-Result<void> CudaQwen3::forward_choose(std::span<const SequenceChunk> batch, const KvCacheView& kv,
-                                       std::span<const TokenChoice> choices, ChosenTokens& out, bool copy_logits) {
-  Impl& m = *impl_;
+// forward_choose for both of its forms. The rows known up front (the host's
+// sequences, and every sequence's last row with copy_logits) are laid out in
+// `out` before the passes, in sequence order; a row the device could not
+// decide is appended once its window has synchronised, since `out.logits`
+// may only grow while no copy into it is in flight.
+Result<void> CudaQwen3::Impl::choose_tokens(std::span<const SequenceChunk> batch, const KvCacheView& kv,
+                                            std::span<const TokenChoice> choices, bool copy_logits,
+                                            std::vector<int32_t>& tokens, ForwardOutput& out) {
   if (choices.size() != batch.size())
     return invalid_argument("forward_choose: " + std::to_string(choices.size()) + " token choices for " +
                             std::to_string(batch.size()) + " sequences");
-  SIESTA_TRY(validate_batch(m.cfg, batch, kv));
-  SIESTA_TRY(m.check_cache(kv));
-  SIESTA_CUDA_TRY(cudaSetDevice(m.opt.device), "selecting the CUDA device");
-  const size_t V = m.cfg.vocab_size;
-  out.tokens.assign(batch.size(), kChooseOnHost);
-  out.has_logits = false;
-  if (batch.empty()) return {};
-  // One row of logits per sequence: its last.
-  std::vector<SequenceChunk> last_only(batch.begin(), batch.end());
-  for (SequenceChunk& c : last_only) c.all_logits = false;
-  auto prepare_logits = [&] {
-    out.has_logits = true;
-    out.logits.vocab_size = static_cast<int>(V);
-    out.logits.first_row.resize(batch.size());
-    out.logits.num_rows.assign(batch.size(), 1);
-    for (size_t s = 0; s < batch.size(); ++s) out.logits.first_row[s] = s;
-    out.logits.logits.resize(batch.size() * V);
+  SIESTA_TRY(validate_batch(cfg, batch, kv));
+  SIESTA_TRY(check_cache(kv));
+  SIESTA_CUDA_TRY(cudaSetDevice(opt.device), "selecting the CUDA device");
+  const size_t n = batch.size(), V = cfg.vocab_size;
+  tokens.assign(n, kChooseOnHost);
+  out.vocab_size = static_cast<int>(V);
+  out.first_row.assign(n, 0);
+  out.num_rows.assign(n, 0);
+  size_t host_rows = 0;
+  auto bring_back = [&](size_t s, size_t rows) {
+    out.first_row[s] = host_rows;
+    out.num_rows[s] = rows;
+    host_rows += rows;
   };
-
-  if (m.graph_eligible(last_only)) {
-    SIESTA_TRY(m.decode_step(last_only, kv, choices, true));
-    const int n = static_cast<int>(batch.size());
-    SIESTA_CUDA_TRY(cudaStreamSynchronize(m.stream), "decode step");
-    m.instr->collect_profile();
-    if (m.graph_launched) SIESTA_TRY(m.instr->time_graph_replay());
-    std::copy(m.scratch.host_chosen, m.scratch.host_chosen + n, out.tokens.begin());
-    const bool fallback = std::find(out.tokens.begin(), out.tokens.end(), kChooseOnHost) != out.tokens.end();
-    if (copy_logits || fallback) {
-      prepare_logits();
-      SIESTA_TRY(m.copy_logits_rows(0, n, out.logits.logits.data()));
-      SIESTA_CUDA_TRY(cudaStreamSynchronize(m.stream), "copying logits to the host");
+  std::vector<bool> planned(n, false);  // rows laid out before the pass
+  for (size_t s = 0; s < n; ++s) {
+    if (choices[s].on_host) {
+      bring_back(s, batch[s].all_logits ? batch[s].tokens.size() : 1);
+    } else if (copy_logits) {
+      bring_back(s, 1);
     }
+    planned[s] = out.num_rows[s] > 0;
+  }
+  out.logits.resize(host_rows * V);
+  if (n == 0) return {};
+
+  if (graph_eligible(batch)) {
+    // Every sequence has one row: the graph samples them all, the host's
+    // sequences greedily (their tokens are dropped), and only the rows that
+    // come back are copied, consecutive ones in one copy.
+    std::vector<TokenChoice> rows(choices.begin(), choices.end());
+    for (TokenChoice& c : rows)
+      if (c.on_host) c = TokenChoice{};
+    SIESTA_TRY(decode_step(batch, kv, rows, true));
+    SIESTA_CUDA_TRY(cudaStreamSynchronize(stream), "decode step");
+    instr->collect_profile();
+    if (graph_launched) SIESTA_TRY(instr->time_graph_replay());
+    for (size_t s = 0; s < n; ++s) {
+      if (choices[s].on_host) continue;
+      tokens[s] = scratch.host_chosen[s];
+      if (tokens[s] == kChooseOnHost && !planned[s]) bring_back(s, 1);
+    }
+    out.logits.resize(host_rows * V);
+    for (size_t s = 0; s < n;) {
+      if (out.num_rows[s] == 0) {
+        ++s;
+        continue;
+      }
+      size_t e = s + 1;
+      while (e < n && out.num_rows[e] == 1 && out.first_row[e] == out.first_row[e - 1] + 1) ++e;
+      SIESTA_TRY(
+          copy_logits_rows(static_cast<int>(s), static_cast<int>(e - s), out.logits.data() + out.first_row[s] * V));
+      s = e;
+    }
+    if (host_rows > 0) SIESTA_CUDA_TRY(cudaStreamSynchronize(stream), "copying logits to the host");
     return {};
   }
 
-  for (const auto& pass : cuda::split_into_passes(last_only, {m.opt.max_batch_tokens, m.opt.max_seqs})) {
-    SIESTA_ASSIGN_OR_RETURN(cuda::StepPlan plan, cuda::plan_pass(pass, 0, m.shape()));
-    std::vector<TokenChoice> pass_choices;
-    std::vector<size_t> pass_seqs;  // the sequence of each logits row
+  // Passes: a sequence the host chooses keeps all_logits; the others give
+  // their last row, which the device samples.
+  std::vector<SequenceChunk> chunks(batch.begin(), batch.end());
+  for (size_t s = 0; s < n; ++s) chunks[s].all_logits = batch[s].all_logits && choices[s].on_host;
+  std::vector<size_t> cursor(out.first_row);  // next host row per sequence
+  for (const auto& pass : cuda::split_into_passes(chunks, {opt.max_batch_tokens, opt.max_seqs})) {
+    SIESTA_ASSIGN_OR_RETURN(cuda::StepPlan plan, cuda::plan_pass(pass, 0, shape()));
+    // The device's rows, in logits-row order: record k samples row sampled_row[k].
+    std::vector<TokenChoice> sampled;
+    std::vector<int> sampled_row;
+    std::vector<size_t> sampled_seq;
     for (size_t c = 0; c < pass.size(); ++c)
-      if (plan.num_rows[c] > 0) {
-        pass_choices.push_back(choices[pass[c].seq]);
-        pass_seqs.push_back(pass[c].seq);
+      if (plan.num_rows[c] > 0 && !choices[pass[c].seq].on_host) {
+        sampled.push_back(choices[pass[c].seq]);
+        sampled_row.push_back(static_cast<int>(plan.first_row[c]));
+        sampled_seq.push_back(pass[c].seq);
       }
-    SIESTA_ASSIGN_OR_RETURN(PassDevice p, m.upload(plan, true, pass_choices, kv));
-    SIESTA_TRY(m.enqueue_layers(p));
-    if (p.R == 0) continue;
-    SIESTA_TRY(m.enqueue_logits(p, 0, p.R));  // R <= max_seqs <= logits_rows_cap
-    SIESTA_CUDA_TRY(cuda::launch_sample_tokens(m.scratch.logits, p.R, m.cfg.vocab_size, p.sampling, p.banned,
-                                               m.scratch.chosen, m.launch(), m.logits_argmax),
-                    "token sampling");
-    m.instr->mark("sampling");
-    SIESTA_CUDA_TRY(cudaStreamSynchronize(m.stream), "forward pass");
-    m.instr->collect_profile();
-    bool fallback = false;
-    for (int r = 0; r < p.R; ++r) {
-      out.tokens[pass_seqs[r]] = m.scratch.host_chosen[r];
-      fallback |= m.scratch.host_chosen[r] == kChooseOnHost;
+    SIESTA_ASSIGN_OR_RETURN(PassDevice p, upload(plan, sampled.size(), sampled, kv));
+    SIESTA_TRY(enqueue_layers(p));
+    size_t k0 = 0;
+    // The logits in windows of the scratch's rows (all_logits chunks can
+    // have more rows than one window holds).
+    for (int r0 = 0; r0 < p.R; r0 += scratch.logits_rows_cap) {
+      const int r1 = std::min(p.R, r0 + scratch.logits_rows_cap);
+      SIESTA_TRY(enqueue_logits(p, r0, r1));
+      size_t k1 = k0;
+      while (k1 < sampled.size() && sampled_row[k1] < r1) ++k1;
+      // One sampling launch per run of consecutive device rows.
+      for (size_t a = k0; a < k1;) {
+        size_t b = a + 1;
+        while (b < k1 && sampled_row[b] == sampled_row[b - 1] + 1) ++b;
+        const int row = sampled_row[a];
+        SIESTA_CUDA_TRY(
+            cuda::launch_sample_tokens(scratch.logits + static_cast<size_t>(row - r0) * V, static_cast<int>(b - a),
+                                       cfg.vocab_size, p.sampling + a, p.banned, scratch.chosen + a, launch(),
+                                       logits_argmax ? logits_argmax + row : nullptr),
+            "token sampling");
+        a = b;
+      }
+      if (k1 > k0) instr->mark("sampling");
+      // This window's share of the rows laid out before the pass.
+      for (size_t c = 0; c < pass.size(); ++c) {
+        const size_t seq = pass[c].seq;
+        if (!planned[seq]) continue;
+        const int a = std::max<int>(r0, static_cast<int>(plan.first_row[c]));
+        const int b = std::min<int>(r1, static_cast<int>(plan.first_row[c] + plan.num_rows[c]));
+        if (a >= b) continue;
+        const size_t host_row = cursor[seq] + (a - plan.first_row[c]);
+        SIESTA_TRY(copy_logits_rows(a - r0, b - a, out.logits.data() + host_row * V));
+      }
+      if (k1 > k0) {
+        // The window's tokens; a row the device could not decide comes back
+        // while its logits are still in the scratch.
+        SIESTA_CUDA_TRY(cudaStreamSynchronize(stream), "forward pass");
+        std::vector<size_t> undecided;
+        for (size_t k = k0; k < k1; ++k) {
+          tokens[sampled_seq[k]] = scratch.host_chosen[k];
+          if (scratch.host_chosen[k] == kChooseOnHost && !planned[sampled_seq[k]]) undecided.push_back(k);
+        }
+        if (!undecided.empty()) {
+          for (size_t k : undecided) bring_back(sampled_seq[k], 1);
+          out.logits.resize(host_rows * V);  // nothing in flight
+          for (size_t k : undecided)
+            SIESTA_TRY(copy_logits_rows(sampled_row[k] - r0, 1, out.logits.data() + out.first_row[sampled_seq[k]] * V));
+        }
+      }
+      k0 = k1;
     }
-    if (copy_logits || fallback) {
-      if (!out.has_logits) prepare_logits();
-      for (int r = 0; r < p.R; ++r)
-        SIESTA_TRY(m.copy_logits_rows(r, 1, out.logits.logits.data() + pass_seqs[r] * V));
-      SIESTA_CUDA_TRY(cudaStreamSynchronize(m.stream), "copying logits to the host");
-    }
+    for (size_t c = 0; c < pass.size(); ++c) cursor[pass[c].seq] += plan.num_rows[c];
   }
+  SIESTA_CUDA_TRY(cudaStreamSynchronize(stream), "forward pass");
+  instr->collect_profile();
+  return {};
+}
+
+Result<void> CudaQwen3::forward_choose(std::span<const SequenceChunk> batch, const KvCacheView& kv,
+                                       std::span<const TokenChoice> choices, ChosenTokens& out, bool copy_logits) {
+  SIESTA_TRY(impl_->choose_tokens(batch, kv, choices, copy_logits, out.tokens, out.logits));
+  out.has_logits = !out.logits.logits.empty();
   return {};
 }
 
 Result<void> CudaQwen3::forward_choose(std::span<const SequenceChunk> batch, const KvCacheView& kv,
                                        std::span<const TokenChoice> choices, std::vector<int32_t>& tokens,
                                        ForwardOutput& logits) {
-  ChosenTokens out;
-  SIESTA_TRY(forward_choose(batch, kv, choices, out));
-  tokens = std::move(out.tokens);
-  if (out.has_logits) logits = std::move(out.logits);
-  return {};
+  return impl_->choose_tokens(batch, kv, choices, false, tokens, logits);
 }
 
 }  // namespace siesta

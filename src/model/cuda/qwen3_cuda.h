@@ -79,10 +79,13 @@ struct CudaModelOptions {
   cuda::InstrumentationOptions instrumentation;
 };
 
-// forward_choose's result: one token per sequence of the batch. A row the
-// device could not decide (top-p whose nucleus holds more than 1024 tokens)
-// is kChooseOnHost (model/forward.h); then, or when asked, `logits` holds
-// every sequence's logits as forward() would give them, for the host sampler.
+// forward_choose's result: one token per sequence of the batch. A sequence
+// the host chooses (TokenChoice::on_host) or a row the device could not
+// decide (top-p whose nucleus holds more than 1024 tokens) is kChooseOnHost
+// (model/forward.h), and `logits` holds its rows as forward() gives them, at
+// first_row / num_rows (every row of an on_host all_logits chunk); with
+// copy_logits every other sequence's last row comes back too. has_logits:
+// some row came back.
 struct ChosenTokens {
   std::vector<int32_t> tokens;
   bool has_logits = false;
@@ -113,9 +116,11 @@ class CudaQwen3 final : public Model {
   Result<void> forward(std::span<const SequenceChunk> batch, const KvCacheView& kv, ForwardOutput& out) override;
 
   // Like forward, but each sequence's next token is chosen on the GPU from its
-  // last row of logits, as `choices[i]` says (one per sequence; all_logits is
-  // ignored), and only the tokens come back to the host (with every row's
-  // logits too when copy_logits).
+  // last row of logits, as `choices[i]` says (one per sequence; all_logits
+  // counts only for on_host choices), and only the tokens come back to the
+  // host, with the rows of the sequences the host chooses (Model's contract;
+  // every sequence's last row too when copy_logits). A decode step replays a
+  // graph whatever rows come back; only those rows are copied.
   Result<void> forward_choose(std::span<const SequenceChunk> batch, const KvCacheView& kv,
                               std::span<const TokenChoice> choices, ChosenTokens& out, bool copy_logits = false);
   // The Model interface's form of the same call (what the engine calls).

@@ -146,7 +146,7 @@ namespace {
 size_t align16(size_t v) { return (v + 15) & ~size_t{15}; }
 }  // namespace
 
-StepLayout step_layout(const StepPlan& plan, bool sampling) {
+StepLayout step_layout(const StepPlan& plan, size_t sampling_rows) {
   StepLayout l;
   size_t at = 0;
   auto take = [&](size_t bytes) {
@@ -166,21 +166,22 @@ StepLayout step_layout(const StepPlan& plan, bool sampling) {
   l.decode_seqs = take(plan.decode_seqs.size() * 4);
   l.prefill_items = take(plan.prefill_items.size() * 4);
   l.logits_rows = take(R * 4);
-  l.sampling = take(sampling ? R * sizeof(SamplingRecord) : 0);
-  l.banned = take(sampling ? R * kMaxBannedIdsPerRow * 4 : 0);
+  l.sampling = take(sampling_rows * sizeof(SamplingRecord));
+  l.banned = take(sampling_rows * kMaxBannedIdsPerRow * 4);
   l.sync = take(kStepSyncWords * 4);
   l.block_tables = take(plan.block_tables.size() * 4);  // last: its size varies from step to step
   l.end = at;
-  l.has_sampling = sampling;
+  l.sampling_rows = sampling_rows;
   return l;
 }
 
 Result<std::vector<std::byte>> pack_step(const StepPlan& plan, const StepLayout& layout,
                                          std::span<const TokenChoice> sampling) {
   const size_t R = plan.logits_rows.size();
-  if (!sampling.empty() && sampling.size() > R)
-    return invalid_argument("pack_step: " + std::to_string(sampling.size()) + " sampling rows for " +
-                            std::to_string(R) + " logits rows");
+  if (layout.sampling_rows > R || sampling.size() > layout.sampling_rows)
+    return invalid_argument("pack_step: " + std::to_string(sampling.size()) + " sampling choices for " +
+                            std::to_string(layout.sampling_rows) + " sampling records and " + std::to_string(R) +
+                            " logits rows");
   std::vector<std::byte> img(layout.end);
   auto put = [&](size_t off, const std::vector<int32_t>& v) {
     if (!v.empty()) std::memcpy(img.data() + off, v.data(), v.size() * 4);
@@ -196,27 +197,25 @@ Result<std::vector<std::byte>> pack_step(const StepPlan& plan, const StepLayout&
   put(layout.prefill_items, plan.prefill_items);
   put(layout.logits_rows, plan.logits_rows);
   put(layout.block_tables, plan.block_tables);
-  if (layout.has_sampling) {
-    for (size_t r = 0; r < R; ++r) {
-      SamplingRecord rec;  // padding rows: greedy
-      if (r < sampling.size()) {
-        const TokenChoice& s = sampling[r];
-        if (s.banned.size() > static_cast<size_t>(kMaxBannedIdsPerRow))
-          return invalid_argument("pack_step: " + std::to_string(s.banned.size()) +
-                                  " banned token ids in one row; the device sampler takes at most " +
-                                  std::to_string(kMaxBannedIdsPerRow));
-        rec.temperature = s.temperature;
-        rec.top_p = s.top_p;
-        rec.min_p = s.min_p;
-        rec.uniform = s.uniform;
-        rec.top_k = s.top_k;
-        rec.banned_begin = static_cast<int32_t>(r * kMaxBannedIdsPerRow);
-        rec.banned_end = rec.banned_begin + static_cast<int32_t>(s.banned.size());
-        if (!s.banned.empty())
-          std::memcpy(img.data() + layout.banned + r * kMaxBannedIdsPerRow * 4, s.banned.data(), s.banned.size() * 4);
-      }
-      std::memcpy(img.data() + layout.sampling + r * sizeof(SamplingRecord), &rec, sizeof(rec));
+  for (size_t r = 0; r < layout.sampling_rows; ++r) {
+    SamplingRecord rec;  // padding rows: greedy
+    if (r < sampling.size()) {
+      const TokenChoice& s = sampling[r];
+      if (s.banned.size() > static_cast<size_t>(kMaxBannedIdsPerRow))
+        return invalid_argument("pack_step: " + std::to_string(s.banned.size()) +
+                                " banned token ids in one row; the device sampler takes at most " +
+                                std::to_string(kMaxBannedIdsPerRow));
+      rec.temperature = s.temperature;
+      rec.top_p = s.top_p;
+      rec.min_p = s.min_p;
+      rec.uniform = s.uniform;
+      rec.top_k = s.top_k;
+      rec.banned_begin = static_cast<int32_t>(r * kMaxBannedIdsPerRow);
+      rec.banned_end = rec.banned_begin + static_cast<int32_t>(s.banned.size());
+      if (!s.banned.empty())
+        std::memcpy(img.data() + layout.banned + r * kMaxBannedIdsPerRow * 4, s.banned.data(), s.banned.size() * 4);
     }
+    std::memcpy(img.data() + layout.sampling + r * sizeof(SamplingRecord), &rec, sizeof(rec));
   }
   return img;
 }

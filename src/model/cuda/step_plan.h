@@ -91,12 +91,12 @@ struct StepLayout {
   size_t tokens = 0, positions = 0, slots = 0;
   size_t q_start = 0, q_len = 0, kv_len = 0, table_start = 0;
   size_t decode_seqs = 0, prefill_items = 0, logits_rows = 0;
-  size_t sampling = 0;  // SamplingRecord[rows] when sampling
-  size_t banned = 0;    // int32[rows * kMaxBannedPerRow] when sampling
+  size_t sampling = 0;  // SamplingRecord[sampling_rows]
+  size_t banned = 0;    // int32[sampling_rows * kMaxBannedPerRow]
   size_t sync = 0;  // kStepSyncWords zeroed int32: counters (LM head argmax keys; decode attention partitions)
   size_t block_tables = 0;
   size_t end = 0;  // bytes used
-  bool has_sampling = false;
+  size_t sampling_rows = 0;
 };
 
 // Zeroed words at the end of every image: the LM head GEMV's argmax keys and
@@ -120,11 +120,17 @@ struct SamplingRecord {
 static_assert(sizeof(SamplingRecord) == 48);
 inline constexpr int kMaxBannedIdsPerRow = 32;  // == kMaxBannedPerRow
 
-StepLayout step_layout(const StepPlan& plan, bool sampling);
+// sampling_rows: the sampling records (0: the pass samples nothing; at most
+// the plan's logits rows). A decode graph samples every logits row; a pass
+// whose chunks include rows for the host samples only the device's rows,
+// record k for the k-th of them, so the records never outnumber the
+// sequences.
+StepLayout step_layout(const StepPlan& plan, size_t sampling_rows);
 
 static_assert(kMaxChoiceBannedTokens == kMaxBannedIdsPerRow);
 
-// Builds the image. sampling: empty, or one per logits row (padding rows get greedy).
+// Builds the image. sampling: at most layout.sampling_rows choices, for the
+// first records (the rest, padding rows among them, get greedy).
 Result<std::vector<std::byte>> pack_step(const StepPlan& plan, const StepLayout& layout,
                                          std::span<const TokenChoice> sampling);
 
