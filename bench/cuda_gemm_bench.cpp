@@ -160,8 +160,13 @@ int main(int argc, char** argv) {
           tiles[std::to_string(tm) + "x" + std::to_string(tn)] = median_us(
               [&] { ok(cuda::launch_fixed_gemm(A, W, y, sh.f32, M, sh.N, sh.K, s, t), "wgmma tile"); }, s);
         }
-        cuda::FixedGemmOptions tma;
+        cuda::FixedGemmOptions cp = o;  // the cp.async kernel at its own tile and split choice
+        cp.kernel = 2;
+        tiles["cp_async"] =
+            median_us([&] { ok(cuda::launch_fixed_gemm(A, W, y, sh.f32, M, sh.N, sh.K, s, cp), "wgmma cp"); }, s);
+        cuda::FixedGemmOptions tma;  // the TMA kernel unsplit
         tma.kernel = 3;
+        tma.splits = 1;
         tiles["tma128x128"] =
             median_us([&] { ok(cuda::launch_fixed_gemm(A, W, y, sh.f32, M, sh.N, sh.K, s, tma), "wgmma tma"); }, s);
       }

@@ -207,15 +207,20 @@ __global__ void combine_segments_kernel(const float* __restrict__ partial, void*
 }
 
 // The large-M kernel: three warpgroups, one that loads and two that multiply
-// (warp specialization). One thread of the first issues the tensor-memory
-// copies (TMA) of each 64-wide K tile, the 128 A rows and BN weight rows of
-// the CTA's output tile in 128-byte-swizzled rows, into a kTmaStages ring;
-// the copies signal a stage's `full` barrier as their bytes land, and the two
-// multiplying warpgroups (64 rows each) signal its `empty` barrier once the
-// wgmmas that read it are done. Each element's arithmetic is the kernel
-// above's: per segment one chain from zero, folded into the total at the
-// segment's end. Output tiles are walked in groups of kTmaGroupM tile rows,
-// so the CTAs running together share A and weight rows in L2.
+// (warp specialization), persistent: a CTA per SM walks the output tiles.
+// One thread of the first warpgroup issues the tensor-memory copies (TMA) of
+// each 64-wide K tile, the 128 A rows and BN weight rows of the output tile,
+// in 128-byte-swizzled rows, into a kTmaStages ring that runs on across
+// tiles; the copies signal a stage's `full` barrier as their bytes land, and
+// the two multiplying warpgroups (64 rows each) signal its `empty` barrier
+// once the wgmmas that read it are done, so the next tile's copies are in
+// flight while a tile's last products are folded and stored. Each element's
+// arithmetic is the kernel above's: per segment one chain from zero, folded
+// into the total (after waiting for it) at the segment's end. Tiles are
+// walked in groups of kTmaGroupM tile rows, so the CTAs running together
+// share A and weight rows in L2. Split (`splits` work units per tile, each
+// over an equal share of the segments): each segment's sum goes to the
+// workspace, as the kernel above's split stores it.
 constexpr int kTmaStages = 6;
 constexpr int kTmaGroupM = 8;
 template <int BN>
@@ -235,10 +240,22 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-template <int BN, bool kOutF32>
+// Work unit u: its output tile's first row and column, and its first segment.
+struct TmaUnit {
+  int bm0, bn0, seg0;
+};
+template <int BN>
+__device__ __forceinline__ TmaUnit tma_unit(int u, int splits, int segs, int M, int N) {
+  const int tile = u / splits, tiles_m = (M + 127) / 128, tiles_n = (N + BN - 1) / BN;
+  const int in_group = kTmaGroupM * tiles_n;
+  const int first_m = tile / in_group * kTmaGroupM, group_m = min(tiles_m - first_m, kTmaGroupM);
+  return {(first_m + tile % in_group % group_m) * 128, tile % in_group / group_m * BN, u % splits * segs};
+}
+
+template <int BN, bool kSplit, bool kOutF32>
 __global__ __launch_bounds__(384, 1) void fixed_gemm_tma_kernel(const __grid_constant__ CUtensorMap a_map,
                                                                 const __grid_constant__ CUtensorMap w_map, void* out,
-                                                                int M, int N, int K) {
+                                                                float* partial, int M, int N, int K, int splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kAcc = BN / 2;
   dev::begin_dependent_kernel();
@@ -250,12 +267,8 @@ __global__ __launch_bounds__(384, 1) void fixed_gemm_tma_kernel(const __grid_con
   uint64_t* empty = full + kTmaStages;
 
   const int tid = threadIdx.x, wg = tid >> 7;
-  // The output tile: groups of kTmaGroupM tile rows, down the rows first.
-  const int tiles_m = (M + 127) / 128, tiles_n = (N + BN - 1) / BN;
-  const int in_group = kTmaGroupM * tiles_n, pid = blockIdx.x;
-  const int first_m = pid / in_group * kTmaGroupM, group_m = min(tiles_m - first_m, kTmaGroupM);
-  const int bm0 = (first_m + pid % in_group % group_m) * 128, bn0 = pid % in_group / group_m * BN;
-  const int k_tiles = K / kBK, seg_tiles = k_tiles / kProjectionSegments;
+  const int units = ((M + 127) / 128) * ((N + BN - 1) / BN) * splits;
+  const int seg_tiles = K / kBK / kProjectionSegments, segs = kProjectionSegments / splits;
 
   if (tid == 0) {
     for (int s = 0; s < kTmaStages; ++s) {
@@ -268,54 +281,68 @@ __global__ __launch_bounds__(384, 1) void fixed_gemm_tma_kernel(const __grid_con
 
   if (wg == 0) {
     if (tid != 0) return;
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      const int s = kt % kTmaStages;
-      if (kt >= kTmaStages) dev::mbar_wait(&empty[s], ((kt / kTmaStages) - 1) & 1);
-      dev::mbar_expect_tx(&full[s], tma_stage_bytes<BN>());
-      const uint32_t stage = smem_base + s * tma_stage_bytes<BN>();
-      tma_load_2d(stage, &a_map, kt * kBK, bm0, &full[s]);
-      tma_load_2d(stage + 128 * 128, &w_map, kt * kBK, bn0, &full[s]);
+    int i = 0;  // K tiles loaded, over every unit: the ring's position
+    for (int u = blockIdx.x; u < units; u += gridDim.x) {
+      const TmaUnit w = tma_unit<BN>(u, splits, segs, M, N);
+      for (int kt = w.seg0 * seg_tiles; kt < (w.seg0 + segs) * seg_tiles; ++kt, ++i) {
+        const int s = i % kTmaStages;
+        if (i >= kTmaStages) dev::mbar_wait(&empty[s], ((i / kTmaStages) - 1) & 1);
+        dev::mbar_expect_tx(&full[s], tma_stage_bytes<BN>());
+        const uint32_t stage = smem_base + s * tma_stage_bytes<BN>();
+        tma_load_2d(stage, &a_map, kt * kBK, w.bm0, &full[s]);
+        tma_load_2d(stage + 128 * 128, &w_map, kt * kBK, w.bn0, &full[s]);
+      }
     }
     return;
   }
 
   const int cw = wg - 1;  // this multiplying warpgroup's 64 rows
-  float acc[kAcc], tot[kAcc];
+  int i = 0;              // K tiles taken, over every unit
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    const TmaUnit w = tma_unit<BN>(u, splits, segs, M, N);
+    float acc[kAcc];
+    [[maybe_unused]] float tot[kSplit ? 1 : kAcc];
 #pragma unroll
-  for (int i = 0; i < kAcc; ++i) {
-    acc[i] = 0.0f;
-    tot[i] = 0.0f;
-  }
-  int pending = -1;  // the stage whose wgmmas may still run
-#pragma unroll 1
-  for (int seg_kt = 0; seg_kt < k_tiles; seg_kt += seg_tiles) {
-#pragma unroll 1
-    for (int kt = seg_kt; kt < seg_kt + seg_tiles; ++kt) {
-      const int s = kt % kTmaStages;
-      dev::mbar_wait(&full[s], (kt / kTmaStages) & 1);
-      const uint32_t stage = smem_base + s * tma_stage_bytes<BN>();
-      const uint32_t a_smem = stage + cw * 64 * 128, b_smem = stage + 128 * 128;
-      const int accumulate = kt == seg_kt ? 0 : 1;  // as in the kernel above
-      dev::wgmma_hold(acc);
-      dev::wgmma_fence();
+    for (int e = 0; e < kAcc; ++e) acc[e] = 0.0f;
+    if constexpr (!kSplit) {
 #pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk)
-        wgmma_step<BN>(acc, dev::smem_desc128(a_smem + kk * 32, 16, 1024),
-                       dev::smem_desc128(b_smem + kk * 32, 16, 1024), kk == 0 ? accumulate : 1);
-      dev::wgmma_commit();
-      dev::wgmma_hold(acc);
-      dev::wgmma_wait<1>();  // the previous tile's wgmmas are done: its stage is free
-      if (pending >= 0) dev::mbar_arrive(&empty[pending]);
-      pending = s;
+      for (int e = 0; e < kAcc; ++e) tot[e] = 0.0f;
     }
-    dev::wgmma_wait<0>();
-    dev::wgmma_hold(acc);
-    dev::mbar_arrive(&empty[pending]);
-    pending = -1;
+    int pending = -1;  // the stage whose wgmmas may still run
+#pragma unroll 1
+    for (int seg = w.seg0; seg < w.seg0 + segs; ++seg) {
+#pragma unroll 1
+      for (int t = 0; t < seg_tiles; ++t, ++i) {
+        const int s = i % kTmaStages;
+        dev::mbar_wait(&full[s], (i / kTmaStages) & 1);
+        const uint32_t stage = smem_base + s * tma_stage_bytes<BN>();
+        const uint32_t a_smem = stage + cw * 64 * 128, b_smem = stage + 128 * 128;
+        dev::wgmma_hold(acc);
+        dev::wgmma_fence();
+        // The segment's chain starts from zero (as in the kernel above).
 #pragma unroll
-    for (int e = 0; e < kAcc; ++e) tot[e] += acc[e];
+        for (int kk = 0; kk < kBK / 16; ++kk)
+          wgmma_step<BN>(acc, dev::smem_desc128(a_smem + kk * 32, 16, 1024),
+                         dev::smem_desc128(b_smem + kk * 32, 16, 1024), kk == 0 && t == 0 ? 0 : 1);
+        dev::wgmma_commit();
+        dev::wgmma_hold(acc);
+        dev::wgmma_wait<1>();  // the previous tile's wgmmas are done: its stage is free
+        if (pending >= 0) dev::mbar_arrive(&empty[pending]);
+        pending = s;
+      }
+      dev::wgmma_wait<0>();
+      dev::wgmma_hold(acc);
+      dev::mbar_arrive(&empty[pending]);
+      pending = -1;
+      if constexpr (kSplit) {
+        store_tile<BN, 0>(acc, partial + static_cast<size_t>(seg) * M * N, M, N, w.bm0 + 64 * cw, w.bn0);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kAcc; ++e) tot[e] += acc[e];
+      }
+    }
+    if constexpr (!kSplit) store_tile<BN, kOutF32 ? 1 : 2>(tot, out, M, N, w.bm0 + 64 * cw, w.bn0);
   }
-  store_tile<BN, kOutF32 ? 1 : 2>(tot, out, M, N, bm0 + 64 * cw, bn0);
 #endif
 }
 
@@ -345,26 +372,34 @@ bool encode_rows(CUtensorMap* map, const bf16* base, int rows, int K, int box_ro
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int BN, bool kOutF32>
-cudaError_t launch_tma_variant(const CUtensorMap& a_map, const CUtensorMap& w_map, void* out, int M, int N, int K,
-                               const LaunchConfig& launch) {
-  auto* kernel = fixed_gemm_tma_kernel<BN, kOutF32>;
+template <int BN, bool kSplit, bool kOutF32>
+cudaError_t launch_tma_variant(const CUtensorMap& a_map, const CUtensorMap& w_map, void* out, float* partial, int M,
+                               int N, int K, int splits, const LaunchConfig& launch) {
+  auto* kernel = fixed_gemm_tma_kernel<BN, kSplit, kOutF32>;
   static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                        static_cast<int>(tma_smem_bytes<BN>()));
   if (attr != cudaSuccess) return attr;
-  const long tiles = static_cast<long>((M + 127) / 128) * ((N + BN - 1) / BN);
-  if (tiles > 0x7fffffffL) return cudaErrorInvalidValue;
-  return launch_kernel(kernel, dim3(static_cast<unsigned>(tiles)), 384, tma_smem_bytes<BN>(), launch, a_map, w_map,
-                       out, M, N, K);
+  const long units = static_cast<long>((M + 127) / 128) * ((N + BN - 1) / BN) * splits;
+  if (units > 0x7fffffffL) return cudaErrorInvalidValue;
+  const unsigned ctas = static_cast<unsigned>(std::min<long>(units, sm_count()));
+  return launch_kernel(kernel, dim3(ctas), 384, tma_smem_bytes<BN>(), launch, a_map, w_map, out, partial, M, N, K,
+                       splits);
 }
 
-cudaError_t launch_tma(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K,
-                       const LaunchConfig& launch) {
+cudaError_t launch_tma(const bf16* a, const bf16* w, void* out, bool out_f32, float* partial, int M, int N, int K,
+                       int splits, const LaunchConfig& launch) {
   constexpr int BN = 128;
   CUtensorMap a_map, w_map;
   if (!encode_rows(&a_map, a, M, K, 128) || !encode_rows(&w_map, w, N, K, BN)) return cudaErrorNotSupported;
-  return out_f32 ? launch_tma_variant<BN, true>(a_map, w_map, out, M, N, K, launch)
-                 : launch_tma_variant<BN, false>(a_map, w_map, out, M, N, K, launch);
+  if (splits <= 1)
+    return out_f32 ? launch_tma_variant<BN, false, true>(a_map, w_map, out, nullptr, M, N, K, 1, launch)
+                   : launch_tma_variant<BN, false, false>(a_map, w_map, out, nullptr, M, N, K, 1, launch);
+  const cudaError_t err = launch_tma_variant<BN, true, false>(a_map, w_map, out, partial, M, N, K, splits, launch);
+  if (err != cudaSuccess) return err;
+  const size_t elems = static_cast<size_t>(M) * N;
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((elems + 255) / 256, 8u * sm_count()));
+  return out_f32 ? launch_kernel(combine_segments_kernel<true>, blocks, 256, 0, launch, partial, out, elems)
+                 : launch_kernel(combine_segments_kernel<false>, blocks, 256, 0, launch, partial, out, elems);
 }
 
 template <int kWG, int BN, bool kSplit, bool kOutF32>
@@ -404,10 +439,19 @@ cudaError_t launch_fixed_gemm_wgmma(const bf16* a, const bf16* w, void* out, boo
   if (!fixed_gemm_wgmma_supported(N, K)) return cudaErrorInvalidValue;
   const int sms = sm_count();
   auto tiles = [&](int bm, int bn) { return static_cast<long>((M + bm - 1) / bm) * ((N + bn - 1) / bn); };
-  // Where 128 x 128 tiles fill the SMs, the warp-specialized TMA kernel.
-  if (opt.kernel == 3 || (opt.kernel == 0 && opt.tile_m == 0 && opt.tile_n == 0 && opt.splits == 0 &&
-                          tiles(128, 128) >= sms)) {
-    const cudaError_t err = launch_tma(a, w, out, out_f32, M, N, K, launch);
+  const size_t need = static_cast<size_t>(kProjectionSegments) * M * N * sizeof(float);
+  const bool have_workspace = opt.workspace != nullptr && opt.workspace_bytes >= need;
+  // The warp-specialized TMA kernel, split by segments where its 128 x 128
+  // tiles are fewer than the SMs.
+  if (opt.kernel == 3 || (opt.kernel == 0 && opt.tile_m == 0 && opt.tile_n == 0 && opt.splits == 0)) {
+    int splits = opt.splits;
+    if (splits == 0) {
+      splits = 1;
+      while (splits < kProjectionSegments && tiles(128, 128) * splits < sms) splits *= 2;
+      if (!have_workspace) splits = 1;
+    }
+    if (kProjectionSegments % splits != 0 || (splits > 1 && !have_workspace)) return cudaErrorInvalidValue;
+    const cudaError_t err = launch_tma(a, w, out, out_f32, static_cast<float*>(opt.workspace), M, N, K, splits, launch);
     if (err != cudaErrorNotSupported || opt.kernel == 3) return err;
   }
   int bn = opt.tile_n, bm = opt.tile_m;
@@ -418,7 +462,6 @@ cudaError_t launch_fixed_gemm_wgmma(const bf16* a, const bf16* w, void* out, boo
   if (bn == 0) bn = tiles(bm, 128) >= (bm == 128 ? 2L : 1L) * sms ? 128 : 64;
   if ((bn != 64 && bn != 128) || (bm != 64 && bm != 128)) return cudaErrorInvalidValue;
   int splits = opt.splits;
-  const size_t need = static_cast<size_t>(kProjectionSegments) * M * N * sizeof(float);
   if (splits == 0) {
     splits = 1;
     while (splits < kProjectionSegments && tiles(bm, bn) * splits < sms) splits *= 2;
