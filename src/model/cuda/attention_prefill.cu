@@ -270,7 +270,7 @@ __global__ __launch_bounds__(cta_threads<kHeads, kWarpRows>()) void prefill_atte
             rs += p0 + p1;
             pk[mt][nt / 2][(nt & 1) * 2 + rh] = dev::pack_bf16(p0, p1);
           }
-          l_run[mt][rh] = l_run[mt][rh] * alpha + rs;
+          l_run[mt][rh] = fmaf(l_run[mt][rh], alpha, rs);  // one rounding (decode_attention_invariant's too)
 #pragma unroll
           for (int d = 0; d < kDTiles; ++d) {
             o[mt][d][2 * rh] *= alpha;

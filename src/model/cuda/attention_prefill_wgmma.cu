@@ -249,7 +249,7 @@ __global__ __launch_bounds__(128 * kHeads, 2) void prefill_attention_wgmma_kerne
         pk[nt / 2][(nt & 1) * 2 + rh] = dev::pack_bf16(p0, p1);
       }
 #pragma unroll
-    for (int rh = 0; rh < 2; ++rh) l_run[rh] = l_run[rh] * alpha[rh] + (rs[rh][0] + rs[rh][1]);
+    for (int rh = 0; rh < 2; ++rh) l_run[rh] = fmaf(l_run[rh], alpha[rh], rs[rh][0] + rs[rh][1]);  // one rounding
 
     // O += P V: 4 k16 steps over the tile's keys, 16 rows (2 KB of each column block) apart.
     dev::wgmma_fence();
