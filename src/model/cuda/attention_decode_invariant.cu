@@ -135,33 +135,53 @@ __global__ __launch_bounds__(kThreads) void decode_attention_invariant_kernel(At
   // Tile t into stage t % kStages: thread tid copies chunk tid % kChunks of rows
   // tid / kChunks + kRowStep n, K and V; keys at or past kv_len are zero (the cache
   // there may hold anything, and 0 * NaN would poison the sums), the new row is left
-  // out (written below). One block-table read per row.
+  // out (written below). The tile's cache blocks (blk: kTileBlocks table entries, the
+  // same for every thread) are read a tile ahead, so a copy never waits for them.
   const int ntiles = kv_len > 0 ? (kv_len + kTileKeys - 1) / kTileKeys : 0;
+  const int nblocks = (kv_len + kKvBlockSize - 1) / kKvBlockSize;
+  constexpr int kTileBlocks = kTileKeys / kKvBlockSize;
   constexpr int kRowStep = kThreads / kChunks;
+  constexpr int kRowsPerThread = kTileKeys / kRowStep;
+  static_assert(kKvBlockSize % kRowStep == 0, "a thread's rows: slot my_row + (kRowStep n) % 16 of block kRowStep n / 16");
   const int my_chunk = tid % kChunks, my_row = tid / kChunks;
-  const size_t v_delta = static_cast<size_t>(kKvBlockSize) * a.kv.num_kv_heads * kHeadDim;
-  auto load_tile = [&](int t) {
+  const size_t slot_elems = static_cast<size_t>(a.kv.num_kv_heads) * kHeadDim;
+  const size_t block_elems = static_cast<size_t>(a.kv.num_layers) * 2 * kKvBlockSize * slot_elems;
+  // K of (block 0, slot my_row) for this layer, kv head and chunk; V is kKvBlockSize slots further.
+  const bf16* const k0 = a.kv.base + static_cast<size_t>(a.layer) * 2 * kKvBlockSize * slot_elems +
+                         my_row * slot_elems + static_cast<size_t>(kvh) * kHeadDim + my_chunk * 8;
+  const size_t v_delta = kKvBlockSize * slot_elems;
+  auto tile_blocks = [&](int t, int (&blk)[kTileBlocks]) {
+#pragma unroll
+    for (int i = 0; i < kTileBlocks; ++i) blk[i] = t * kTileBlocks + i < nblocks ? table[t * kTileBlocks + i] : 0;
+  };
+  auto load_tile = [&](int t, const int (&blk)[kTileBlocks]) {
     if (t >= ntiles) return;
     bf16* const ks = ring + (t % kStages) * 2 * kTileKeys * LD;
     bf16* const vs = ks + kTileKeys * LD;
-#pragma unroll 4
-    for (int r = my_row; r < kTileKeys; r += kRowStep) {
+#pragma unroll
+    for (int n = 0; n < kRowsPerThread; ++n) {
+      const int r = my_row + kRowStep * n;
       const int key = t * kTileKeys + r;
       if (key == pos) continue;
       const bool ok = key < kv_len;
       const bf16* src = a.kv.base;
-      if (ok) src = dev::kv_slot(a.kv, table[key / kKvBlockSize], key % kKvBlockSize, a.layer, 0, kvh) + my_chunk * 8;
+      if (ok)
+        src = k0 + static_cast<size_t>(blk[kRowStep * n / kKvBlockSize]) * block_elems +
+              (kRowStep * n % kKvBlockSize) * slot_elems;
       dev::cp_async16(ks + r * LD + my_chunk * 8, src, ok);
       dev::cp_async16(vs + r * LD + my_chunk * 8, ok ? src + v_delta : src, ok);
     }
   };
   // Groups 1 .. kStages: tiles 0 .. kStages - 1 (empty past the context); then one
   // group per tile from tile 1 on, so tile t is always group t + 1.
+  int blk[kTileBlocks];
 #pragma unroll
   for (int t = 0; t < kStages; ++t) {
-    load_tile(t);
+    tile_blocks(t, blk);
+    load_tile(t, blk);
     dev::cp_async_commit();
   }
+  tile_blocks(kStages, blk);  // the first refill's
   dev::wait_for_previous_kernel();
   dev::trace_waited(a.trace);
 
@@ -252,8 +272,9 @@ __global__ __launch_bounds__(kThreads) void decode_attention_invariant_kernel(At
     }
     __syncthreads();  // tile t, for every thread; and every warp is done with tile t - 1
     if (t >= 1) {
-      load_tile(t - 1 + kStages);  // into the stage of tile t - 1
+      load_tile(t - 1 + kStages, blk);  // into the stage of tile t - 1
       dev::cp_async_commit();
+      tile_blocks(t + kStages, blk);  // the next refill's blocks, on their way during this tile
     }
 #pragma unroll
     for (int st = 0; st < kStepsPerTile; ++st) {

@@ -19,8 +19,10 @@
 // in the log2 domain, the same masks and rescaling (its row sums add as a
 // tree here). So a row's output depends only on its position and its
 // sequence's cache, as that header argues, and not on its tile, its CTA or
-// its pass, so batch-invariant mode takes it too. The two kernels differ by
-// rounding (summation order), so a model takes one of them for every pass.
+// its pass, so batch-invariant mode takes it too (and its decode kernel,
+// attention_decode_invariant.cu, reproduces these chains on mma.sync). The two
+// kernels differ by rounding (summation order), so a model takes one of them
+// for every pass.
 // Measured on the H200 (bench/results/cuda_notes.md): the kernel is bound by
 // each warpgroup's latency (softmax chains, barriers, waits on its own MMAs),
 // not by the tensor cores (~24% busy); two CTAs per SM beat one CTA with

@@ -52,10 +52,11 @@ std::vector<std::vector<PassChunk>> split_into_passes(std::span<const SequenceCh
 struct StepShape {
   int partition_tokens = 256;  // kDecodePartitionTokens
   int prefill_tile_rows = 64;  // kPrefillTileRows
-  // One attention path for every row (batch-invariant mode): a chunk of one
-  // token (and a padding row) becomes a prefill work item (a 1-row tile)
-  // instead of a decode sequence, so a row's attention arithmetic is the
-  // prefill kernel's whether its token came alone or inside a longer chunk.
+  // One attention kernel for every row (batch-invariant mode's path before its
+  // decode kernel, kept to compare): a chunk of one token (and a padding row)
+  // becomes a prefill work item (a 1-row tile) instead of a decode sequence, so
+  // a row's attention is the prefill kernel's whether its token came alone or
+  // inside a longer chunk.
   bool one_token_as_prefill = false;
   // Decode sequences are not split into partitions (max_partitions is 1
   // whatever their context: batch-invariant mode's decode attention walks a
