@@ -1248,7 +1248,7 @@ TEST_F(CudaKernels, PrefillAttentionOneTokenChunksMatchTheirRowsInLongerChunks) 
 // at 32 and at 16 rows per warp), at the 0.6B shape, a GQA-group-5 shape and
 // head_dim 64, alone at contexts of 1, 63, 64, 65, 200, 1000 and 4097 tokens and
 // in batches of 3, 37 and 256 mixed ones (37: a padding row among them; 37 and
-// 256 take the two-stage kernel where one CTA per SM does not cover the grid),
+// 256 take the kernel of two K/V stages, the smaller grids four),
 // both with q and the new K/V row from launch_qk_norm_rope_kv (a mixed pass) and
 // doing that work itself (a pure decode pass); and within bf16 tolerance of
 // attention in double. The cache holds NaN past each context and at the new
@@ -1430,8 +1430,8 @@ TEST_F(CudaKernels, InvariantDecodeAttentionGivesThePrefillKernelsBits) {
           }
           if (s % std::max(1, S / 6) != 0 && lens[s] != 4097) continue;
           for (int h : {0, group - 1, heads / 2, heads - 1}) {
-            const auto want = attend_ref_bf16(cache, L, layer, kvh, hd, tables[s], &q_rows[(static_cast<size_t>(s) * heads + h) * hd],
-                                              h / group, lens[s]);
+            const uint16_t* qh = &q_rows[(static_cast<size_t>(s) * heads + h) * hd];
+            const auto want = attend_ref_bf16(cache, L, layer, kvh, hd, tables[s], qh, h / group, lens[s]);
             std::vector<float> got(hd);
             for (int i = 0; i < hd; ++i) got[i] = bf16_to_f32(out[(static_cast<size_t>(s) * heads + h) * hd + i]);
             worst = std::max(worst, rel_err(got, want));

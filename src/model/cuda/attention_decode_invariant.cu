@@ -142,7 +142,7 @@ __global__ __launch_bounds__(kThreads) void decode_attention_invariant_kernel(At
   constexpr int kTileBlocks = kTileKeys / kKvBlockSize;
   constexpr int kRowStep = kThreads / kChunks;
   constexpr int kRowsPerThread = kTileKeys / kRowStep;
-  static_assert(kKvBlockSize % kRowStep == 0, "a thread's rows: slot my_row + (kRowStep n) % 16 of block kRowStep n / 16");
+  static_assert(kKvBlockSize % kRowStep == 0, "row my_row + kRowStep n: block kRowStep n / 16, slot my_row + ...");
   const int my_chunk = tid % kChunks, my_row = tid / kChunks;
   const size_t slot_elems = static_cast<size_t>(a.kv.num_kv_heads) * kHeadDim;
   const size_t block_elems = static_cast<size_t>(a.kv.num_layers) * 2 * kKvBlockSize * slot_elems;
@@ -362,8 +362,8 @@ __global__ __launch_bounds__(kThreads) void decode_attention_invariant_kernel(At
 #pragma unroll
         for (int dp = 0; dp < kDimBlocks / 2; ++dp) {
           uint32_t b[4];
-          dev::ldmatrix_x4_trans(
-              b, vs + (st * kStep + kc * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + dim0 + dp * 16 + (lane >> 4) * 8);
+          const int key = st * kStep + kc * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+          dev::ldmatrix_x4_trans(b, vs + key * LD + dim0 + dp * 16 + (lane >> 4) * 8);
           dev::mma_bf16(o[2 * dp], pa, b[0], b[1]);
           dev::mma_bf16(o[2 * dp + 1], pa, b[2], b[3]);
         }
@@ -398,12 +398,14 @@ cudaError_t launch_with(const AttentionArgs& a, int num_decode, const LaunchConf
   return launch_kernel(kernel, dim3(a.num_kv_heads, num_decode), kThreads, bytes, launch, a);
 }
 
-// A grid of at most one CTA per SM takes four stages (its first 256 keys requested
-// before the wait, 139 KB at head_dim 128); a larger one two, so that three CTAs
-// share an SM. The same bits either way.
+// A grid of at most half as many CTAs as SMs (batch 8 at 8 kv heads) takes four
+// stages (its first 256 keys requested before the wait; 139 KB at head_dim 128,
+// one CTA per SM, with room for the next GEMV's CTAs, as the default decode
+// kernel's clusters of that size take); a larger one two, so that three CTAs share
+// an SM. The same bits either way.
 template <int kHeadDim, int kStep, int kChains>
 cudaError_t launch_for(const AttentionArgs& a, int num_decode, const LaunchConfig& launch) {
-  if (static_cast<long>(num_decode) * a.num_kv_heads <= sm_count())
+  if (2L * num_decode * a.num_kv_heads <= sm_count())
     return launch_with<kHeadDim, kStep, kChains, 4>(a, num_decode, launch);
   return launch_with<kHeadDim, kStep, kChains, 2>(a, num_decode, launch);
 }

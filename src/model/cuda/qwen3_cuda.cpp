@@ -329,9 +329,10 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
 
   cuda::AttentionArgs aa = attention_args(p);
   // A pure decode pass: decode attention does q/k norm + RoPE and the KV write
-  // itself, one launch fewer per layer, same bits (in batch-invariant mode too). (The partitions are combined
-  // there too, not in the O projection's GEMV staging, where every CTA would
-  // repeat the combination: bench/results/cuda_choices.md.)
+  // itself, one launch fewer per layer, same bits (in batch-invariant mode too).
+  // (The partitions are combined there too, not in the O projection's GEMV
+  // staging, where every CTA would repeat the combination:
+  // bench/results/cuda_choices.md.)
   const bool decode_only = pure_decode(p);
   const bool traced = small && instr->tracing();
   if (traced) SIESTA_TRY(instr->clear_trace());
