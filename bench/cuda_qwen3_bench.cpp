@@ -5,7 +5,7 @@
 //
 //   cuda_qwen3_bench --model DIR [--out results.json] [--hf hf_baseline.json]
 //                    [--batches 1,8,32,128] [--prompt 128] [--gen 128] [--prefill 512,4096]
-//                    [--commit SHA] [--no-invariant] [--profile] [--trace]
+//                    [--commit SHA] [--no-invariant] [--modes NAME,...] [--profile] [--trace]
 //
 // Decode: B sequences with random prompts of --prompt tokens are prefilled,
 // then --gen steps run through CudaQwen3::forward_choose (greedy on the GPU,
@@ -19,13 +19,19 @@
 // on the mma.sync kernel, with its query rows per warp chosen per pass by the
 // CTA count or fixed at 16 or 32; decode partitions fixed at 64, 128 and 256
 // (the default takes 256, staged on tensor cores for decode steps of up to 8 sequences);
-// decode projections on cuBLASLt at every batch size (no GEMV); batch-invariant.
+// decode projections on cuBLASLt at every batch size (no GEMV); batch-invariant; batch-invariant with
+// its decode rows as 1-row prefill tiles (batch_invariant_decode_as_prefill: the path before its
+// decode kernel, InstrumentationOptions::invariant_decode_as_prefill). --modes runs only the named
+// ones (e.g. default,batch_invariant).
 // --profile: also a breakdown per kernel group (CUDA events between eager
 // launches, so launch gaps are included) of a decode step at each batch size
 // and of each prefill, in the default mode, and of each prefill again on the
 // mma.sync attention kernel (prefill_N_mma: compare its attention_prefill with
 // prefill_N's), and the same decode steps and prefills in the batch-invariant
-// mode (invariant_decode_B, invariant_prefill_N) unless --no-invariant.
+// mode (invariant_decode_B, invariant_prefill_N; its decode attention is
+// attention_decode_invariant, q/k norm + RoPE + KV write included) and its decode
+// steps with decode rows as prefill tiles (invariant_as_prefill_decode_B: rope_kv +
+// attention_prefill) unless --no-invariant.
 // --trace: the timeline of the last batch-1 decode step, graphs and programmatic
 // launch on (InstrumentationOptions::trace): per kernel of a layer, when its CTAs
 // start, pass the wait for the previous kernel and end, as means over the
@@ -63,6 +69,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Args {
   std::string model, out, hf, commit;
+  std::vector<std::string> modes;  // empty: every mode
   std::vector<int> batches = {1, 8, 32, 128};
   std::vector<int> prefill = {512, 4096};
   int prompt = 128, gen = 128;
@@ -202,6 +209,10 @@ int main(int argc, char** argv) {
     else if (k == "--prompt") a.prompt = std::stoi(next());
     else if (k == "--gen") a.gen = std::stoi(next());
     else if (k == "--no-invariant") a.invariant = false;
+    else if (k == "--modes") {
+      std::stringstream ss(next());
+      for (std::string m; std::getline(ss, m, ',');) a.modes.push_back(m);
+    }
     else if (k == "--profile") a.profile = true;
     else if (k == "--trace") a.trace = true;
     else fail("unknown argument " + k);
@@ -238,6 +249,7 @@ int main(int argc, char** argv) {
     int decode_partition_tokens;
     bool prefill_wgmma = true;
     int gemv_max_rows = -1;
+    bool invariant_decode_as_prefill = false;
   };
   const Mode mode_list[] = {{"default", false, true, true, true, 0, 0, 0},
                             {"default_without_overlap", false, false, true, false, 0, 0, 0},
@@ -249,10 +261,15 @@ int main(int argc, char** argv) {
                             {"default_decode_partition_128", false, true, true, false, 0, 0, 128},
                             {"default_decode_partition_256", false, true, true, false, 0, 0, 256},
                             {"default_decode_without_gemv", false, true, true, false, 0, 0, 0, true, 0},
-                            {"batch_invariant", true, true, true, true, 0, 0, 0}};
+                            {"batch_invariant", true, true, true, true, 0, 0, 0},
+                            {"batch_invariant_decode_as_prefill", true, true, true, false, 0, 0, 0, true, -1, true}};
+  for (const std::string& name : a.modes)
+    if (std::none_of(std::begin(mode_list), std::end(mode_list), [&](const Mode& m) { return name == m.name; }))
+      fail("--modes: no mode " + name);
   for (const Mode& md : mode_list) {
     const bool invariant = md.invariant;
     if (invariant && !a.invariant) continue;
+    if (!a.modes.empty() && std::find(a.modes.begin(), a.modes.end(), md.name) == a.modes.end()) continue;
     CudaModelOptions opt = sized_options();
     opt.batch_invariant = invariant;
     opt.programmatic_launch = md.overlap;
@@ -261,6 +278,7 @@ int main(int argc, char** argv) {
     opt.instrumentation.decode_partition_tokens = md.decode_partition_tokens;
     opt.instrumentation.prefill_wgmma = md.prefill_wgmma;
     opt.instrumentation.gemv_max_rows = md.gemv_max_rows;
+    opt.instrumentation.invariant_decode_as_prefill = md.invariant_decode_as_prefill;
     auto model = check(CudaQwen3::load(a.model, alloc, opt), "loading " + a.model);
     cfg = model->config();
     shape = shape_of(cfg, model->weight_bytes());
@@ -420,6 +438,10 @@ int main(int argc, char** argv) {
         run_prefill_ms(*model_inv, n, 3);
         take(*model_inv, "invariant_prefill_" + std::to_string(n), 12);
       }
+      model_inv.reset();
+      inv.instrumentation.invariant_decode_as_prefill = true;
+      auto model_old = check(CudaQwen3::load(a.model, alloc, inv), "loading " + a.model);
+      for (int B : a.batches) profile_decode(*model_old, B, "invariant_as_prefill_decode_" + std::to_string(B));
     }
   }
 
@@ -547,6 +569,15 @@ int main(int argc, char** argv) {
     std::printf("%-34s %14.2f %14.2f %14.2f %12.2f\n", ("prefill ms, " + k + " tokens").c_str(),
                 mv("default", "prefill", k, "ms"), mv("batch_invariant", "prefill", k, "ms"), hfv("prefill_ms", k),
                 mv("default", "prefill", k, "floor_ms"));
+  }
+  // Batch-invariant decode against the default, and with decode rows as prefill tiles (its path
+  // before the invariant decode kernel), in the same run.
+  for (int B : a.batches) {
+    const std::string k = std::to_string(B);
+    const double def = mv("default", "decode", k, "tokens_per_s");
+    std::printf("decode batch %s: batch-invariant / default %.3f (decode rows as prefill tiles: %.3f)\n", k.c_str(),
+                mv("batch_invariant", "decode", k, "tokens_per_s") / def,
+                mv("batch_invariant_decode_as_prefill", "decode", k, "tokens_per_s") / def);
   }
   // Decode with every projection on cuBLASLt (no GEMV), in the same run.
   for (int B : a.batches) {

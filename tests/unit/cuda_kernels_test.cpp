@@ -1254,6 +1254,282 @@ TEST_F(CudaKernels, PrefillAttentionOneTokenChunksMatchTheirRowsInLongerChunks) 
   }
 }
 
+// Batch-invariant decode attention (launch_decode_attention_invariant) against
+// the prefill kernel it reproduces, over the same rows run as one-token chunks
+// (what batch-invariant mode ran before, and what it runs for a decode row's
+// token inside a chunk): every output row and the KV it writes bit-identical,
+// for every prefill kernel of the build (the wgmma kernel, the mma.sync kernel
+// at 32 and at 16 rows per warp), at the 0.6B shape, a GQA-group-5 shape and
+// head_dim 64, alone at contexts of 1, 63, 64, 65, 200, 1000 and 4097 tokens and
+// in batches of 3, 37 and 256 mixed ones (37: a padding row among them; 37 and
+// 256 take the kernel of two K/V stages, the smaller grids four),
+// both with q and the new K/V row from launch_qk_norm_rope_kv (a mixed pass) and
+// doing that work itself (a pure decode pass); and within bf16 tolerance of
+// attention in double. The cache holds NaN past each context and at the new
+// token's slot until it is written, which neither kernel may let in.
+struct InvariantDecodeBatch {
+  std::string name;
+  std::vector<int> lens;  // context per sequence, the new token included (0: padding)
+};
+
+std::vector<InvariantDecodeBatch> invariant_decode_batches() {
+  const std::vector<int> contexts = {1, 63, 64, 65, 200, 1000, 4097};
+  std::vector<InvariantDecodeBatch> out;
+  for (int c : contexts) out.push_back({"alone, context " + std::to_string(c), {c}});
+  out.push_back({"batch 3", {4097, 1, 200}});
+  InvariantDecodeBatch b37{"batch 37", {}};
+  for (int i = 0; i < 37; ++i) b37.lens.push_back(i == 17 ? 0 : contexts[(5 * i) % 7]);
+  out.push_back(b37);
+  InvariantDecodeBatch b256{"batch 256", {}};
+  const int mix[8] = {1, 63, 64, 65, 200, 1000, 129, 2};
+  for (int i = 0; i < 256; ++i) b256.lens.push_back(i == 3 || i == 100 || i == 200 || i == 255 ? 4097 : mix[i % 8]);
+  out.push_back(b256);
+  return out;
+}
+
+// softmax(q . k_p / sqrt(hd), p < n) . v_p in double, over a bf16 cache on the host.
+std::vector<float> attend_ref_bf16(const std::vector<uint16_t>& cache, int L, int layer, int kvh, int hd,
+                                   const std::vector<int32_t>& table, const uint16_t* q, int kv_head, int n) {
+  auto at = [&](int p, int kind) {
+    return &cache[((static_cast<size_t>(table[p / 16]) * L + layer) * 2 + kind) * 16 * kvh * hd +
+                  (static_cast<size_t>(p % 16) * kvh + kv_head) * hd];
+  };
+  std::vector<double> s(n);
+  double mx = -1e300;
+  for (int p = 0; p < n; ++p) {
+    double d = 0;
+    for (int i = 0; i < hd; ++i) d += static_cast<double>(bf16_to_f32(q[i])) * bf16_to_f32(at(p, 0)[i]);
+    s[p] = d / std::sqrt(static_cast<double>(hd));
+    mx = std::max(mx, s[p]);
+  }
+  double sum = 0;
+  for (double& x : s) sum += (x = std::exp(x - mx));
+  std::vector<double> acc(hd, 0.0);
+  for (int p = 0; p < n; ++p)
+    for (int i = 0; i < hd; ++i) acc[i] += s[p] * bf16_to_f32(at(p, 1)[i]);
+  std::vector<float> o(hd);
+  for (int i = 0; i < hd; ++i) o[i] = static_cast<float>(acc[i] / sum);
+  return o;
+}
+
+// Where two output images first differ: "row r, head h, dimension d: x vs y", or "".
+std::string first_difference(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want, int heads, int hd) {
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i)
+    if (got[i] != want[i]) {
+      const size_t row = i / (static_cast<size_t>(heads) * hd), h = i / hd % heads, d = i % hd;
+      return "row " + std::to_string(row) + ", head " + std::to_string(h) + ", dimension " + std::to_string(d) + ": " +
+             std::to_string(bf16_to_f32(got[i])) + " vs " + std::to_string(bf16_to_f32(want[i]));
+    }
+  return got.size() == want.size() ? "" : "sizes differ";
+}
+
+TEST_F(CudaKernels, InvariantDecodeAttentionGivesThePrefillKernelsBits) {
+  for (auto [heads, kvh, hd] : {std::tuple{16, 8, 128}, std::tuple{40, 8, 128}, std::tuple{4, 2, 64}}) {
+    const int L = 2, layer = 1, group = heads / kvh;
+    const int qd = heads * hd, kvd = kvh * hd, cols = qd + 2 * kvd;
+    const size_t block_elems = static_cast<size_t>(L) * 2 * 16 * kvd;
+    auto slot_at = [&](int block, int kind, int slot) {
+      return ((static_cast<size_t>(block) * L + layer) * 2 + kind) * 16 * kvd + static_cast<size_t>(slot) * kvd;
+    };
+    // q/k norm + RoPE inputs of the pure decode pass.
+    const int max_pos = 4097;
+    std::vector<float> inv(hd / 2);
+    for (int i = 0; i < hd / 2; ++i) inv[i] = static_cast<float>(1.0 / std::pow(1e6, (2.0 * i) / hd));
+    DeviceArray<float> d_inv(hd / 2);
+    d_inv.upload(inv);
+    DeviceArray<__nv_bfloat162> d_rope(static_cast<size_t>(max_pos) * hd / 2);
+    CUDA_OK(launch_rope_table(d_inv.get(), hd, max_pos, d_rope.get(), nullptr));
+    Bf16Array d_qn(hd), d_kn(hd);
+    d_qn.upload(random_bf16(hd, rng, 0.1f, 1.0f));
+    d_kn.upload(random_bf16(hd, rng, 0.1f, 1.0f));
+
+    for (const InvariantDecodeBatch& batch : invariant_decode_batches()) {
+      const std::vector<int>& lens = batch.lens;
+      const int S = static_cast<int>(lens.size());
+      const std::string config = std::to_string(heads) + "/" + std::to_string(kvh) + " heads, head_dim " +
+                                 std::to_string(hd) + ", " + batch.name;
+      // Each sequence in scrambled blocks of its own; NaN past its context in its last block.
+      int blocks = 0;
+      for (int n : lens) blocks += (n + 15) / 16;
+      blocks = std::max(blocks, 1);
+      std::vector<int32_t> perm(blocks);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      std::vector<std::vector<int32_t>> tables(S);
+      std::vector<int32_t> flat = {0}, table_start, kv_len, q_start, q_len, positions, slots, items, decode;
+      int next = 0;
+      for (int s = 0; s < S; ++s) {
+        for (int b = 0; b < (lens[s] + 15) / 16; ++b) tables[s].push_back(perm[next++]);
+        table_start.push_back(lens[s] > 0 ? static_cast<int32_t>(flat.size()) : 0);
+        flat.insert(flat.end(), tables[s].begin(), tables[s].end());
+        kv_len.push_back(lens[s]);
+        q_start.push_back(s);
+        q_len.push_back(1);
+        const int pos = std::max(lens[s] - 1, 0);
+        positions.push_back(pos);
+        slots.push_back(lens[s] > 0 ? tables[s][pos / 16] * 16 + pos % 16 : -1);
+        items.insert(items.end(), {s, 0});
+        decode.push_back(s);
+      }
+      // Neither kernel may depend on the order of its sequences or work items.
+      std::shuffle(decode.begin(), decode.end(), rng);
+      std::vector<int> order(S);
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      std::vector<int32_t> scrambled;
+      for (int i : order) scrambled.insert(scrambled.end(), {items[2 * i], items[2 * i + 1]});
+
+      const size_t cache_elems = static_cast<size_t>(blocks) * block_elems;
+      Bf16Array d_base(cache_elems), d_ref(cache_elems), d_new(cache_elems);
+      CUDA_OK(launch_fill_random_bf16(B(d_base), cache_elems, 77 + S, 1.0f, nullptr));
+      auto poison = [&](Bf16Array& cache, int s, int p) {
+        for (int kind = 0; kind < 2; ++kind)
+          CUDA_OK(cudaMemset(cache.get() + slot_at(tables[s][p / 16], kind, p % 16), 0xFF, kvd * 2));
+      };
+      for (int s = 0; s < S; ++s)
+        for (int p = lens[s]; p < (lens[s] + 15) / 16 * 16; ++p) poison(d_base, s, p);
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint16_t> base = d_base.download();
+
+      DeviceArray<int32_t> d_tables(flat.size()), d_ts(S), d_kv(S), d_qs(S), d_ql(S), d_pos(S), d_slots(S),
+          d_items(2 * S), d_dec(S);
+      d_tables.upload(flat);
+      d_ts.upload(table_start);
+      d_kv.upload(kv_len);
+      d_qs.upload(q_start);
+      d_ql.upload(q_len);
+      d_pos.upload(positions);
+      d_slots.upload(slots);
+      d_items.upload(scrambled);
+      d_dec.upload(decode);
+      const auto q = random_bf16(static_cast<size_t>(S) * qd, rng, 2.0f);
+      const auto qkv = random_bf16(static_cast<size_t>(S) * cols, rng);
+      Bf16Array d_q(q.size()), d_qkv(qkv.size()), d_q_roped(q.size()), d_out(q.size());
+      d_q.upload(q);
+      d_qkv.upload(qkv);
+      auto args = [&](bf16* cache, const bf16* q_rows) {
+        AttentionArgs a = attention_args({cache, L, kvh, hd}, layer, heads, d_qs.get(), d_ql.get(), d_kv.get(),
+                                         d_ts.get(), d_tables.get());
+        a.q = q_rows;
+        a.out = B(d_out);
+        a.decode_seqs = d_dec.get();
+        a.prefill_items = d_items.get();
+        return a;
+      };
+      auto prefill = [&](const AttentionArgs& a, const PrefillKernel& k) {
+        AttentionArgs p = a;
+        p.prefill_heads_per_cta = k.heads_per_cta;
+        p.prefill_warp_rows = k.warp_rows;
+        CUDA_OK(cudaMemset(d_out.get(), 0xFF, q.size() * 2));
+        if (k.wgmma) {
+          CUDA_OK(launch_prefill_attention_wgmma(p, S, nullptr));
+        } else {
+          CUDA_OK(launch_prefill_attention(p, S, nullptr));
+        }
+        CUDA_OK(cudaDeviceSynchronize());
+      };
+      auto decode_rows = [&](AttentionArgs a, const PrefillKernel& k) {
+        a.prefill_warp_rows = k.warp_rows;
+        CUDA_OK(cudaMemset(d_out.get(), 0xFF, q.size() * 2));
+        CUDA_OK(launch_decode_attention_invariant(a, S, k.wgmma, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+      };
+      auto check_reference = [&](const std::vector<uint16_t>& out, const std::vector<uint16_t>& q_rows,
+                                 const std::vector<uint16_t>& cache, const std::string& what) {
+        double worst = 0;
+        for (int s = 0; s < S; ++s) {
+          if (lens[s] == 0) {
+            for (int i = 0; i < qd; ++i) ASSERT_EQ(out[static_cast<size_t>(s) * qd + i], 0) << what << ": padding";
+            continue;
+          }
+          if (s % std::max(1, S / 6) != 0 && lens[s] != 4097) continue;
+          for (int h : {0, group - 1, heads / 2, heads - 1}) {
+            const uint16_t* qh = &q_rows[(static_cast<size_t>(s) * heads + h) * hd];
+            const auto want = attend_ref_bf16(cache, L, layer, kvh, hd, tables[s], qh, h / group, lens[s]);
+            std::vector<float> got(hd);
+            for (int i = 0; i < hd; ++i) got[i] = bf16_to_f32(out[(static_cast<size_t>(s) * heads + h) * hd + i]);
+            worst = std::max(worst, rel_err(got, want));
+          }
+        }
+        EXPECT_LT(worst, 2e-2) << what;
+      };
+
+      for (PrefillKernel k : prefill_kernels(heads, kvh, hd)) {
+        const std::string what = config + ", " + k.name();
+        // A mixed pass: q and the new K/V row from launch_qk_norm_rope_kv (here: given).
+        prefill(args(B(d_base), B(d_q)), k);
+        const auto want = d_out.download();
+        decode_rows(args(B(d_base), B(d_q)), k);
+        const auto got = d_out.download();
+        EXPECT_TRUE(got == want) << what << ", q given: " << first_difference(got, want, heads, hd);
+        check_reference(got, q, base, what + ", q given");
+        // The same row as the last of a 70-row chunk.
+        if (S == 1 && lens[0] >= 70) {
+          const int n = 70;
+          auto chunk_q = random_bf16(static_cast<size_t>(n) * qd, rng, 2.0f);
+          std::copy(q.begin(), q.end(), chunk_q.end() - qd);
+          Bf16Array d_chunk_q(chunk_q.size()), d_chunk_out(chunk_q.size());
+          d_chunk_q.upload(chunk_q);
+          DeviceArray<int32_t> d_zero(1), d_n(1), d_chunk_items(4);
+          d_zero.upload(std::vector<int32_t>{0});
+          d_n.upload(std::vector<int32_t>{n});
+          d_chunk_items.upload(std::vector<int32_t>{0, 0, 0, 1});  // its two tiles: the row is row 5 of the second
+          AttentionArgs c = attention_args({B(d_base), L, kvh, hd}, layer, heads, d_zero.get(), d_n.get(), d_kv.get(),
+                                           d_ts.get(), d_tables.get());
+          c.q = B(d_chunk_q);
+          c.out = B(d_chunk_out);
+          c.prefill_items = d_chunk_items.get();
+          c.prefill_heads_per_cta = k.heads_per_cta;
+          c.prefill_warp_rows = k.warp_rows;
+          CUDA_OK(k.wgmma ? launch_prefill_attention_wgmma(c, 2, nullptr) : launch_prefill_attention(c, 2, nullptr));
+          CUDA_OK(cudaDeviceSynchronize());
+          const auto chunk_out = d_chunk_out.download();
+          EXPECT_TRUE(std::equal(got.begin(), got.end(), chunk_out.end() - qd))
+              << what << ": the row inside a chunk of " << n;
+        }
+
+        // A pure decode pass: launch_qk_norm_rope_kv then the prefill kernel, against the
+        // decode kernel doing the q/k norm, RoPE and KV write itself. The new slots start as NaN.
+        for (Bf16Array* c : {&d_ref, &d_new}) {
+          CUDA_OK(cudaMemcpy(c->get(), d_base.get(), cache_elems * 2, cudaMemcpyDeviceToDevice));
+          for (int s = 0; s < S; ++s)
+            if (lens[s] > 0) poison(*c, s, lens[s] - 1);
+        }
+        CUDA_OK(launch_qk_norm_rope_kv(B(d_qkv), S, d_pos.get(), d_slots.get(), B(d_qn), B(d_kn), d_rope.get(), heads,
+                                       kvh, hd, 1e-6f, B(d_q_roped), {B(d_ref), L, kvh, hd}, layer, nullptr));
+        prefill(args(B(d_ref), B(d_q_roped)), k);
+        const auto want_fused = d_out.download();
+        AttentionArgs a = args(B(d_new), nullptr);
+        a.qkv = B(d_qkv);
+        a.positions = d_pos.get();
+        a.slots = d_slots.get();
+        a.q_norm = B(d_qn);
+        a.k_norm = B(d_kn);
+        a.rope_table = d_rope.get();
+        a.eps = 1e-6f;
+        decode_rows(a, k);
+        const auto got_fused = d_out.download();
+        EXPECT_TRUE(got_fused == want_fused)
+            << what << ", q/k norm + RoPE fused: " << first_difference(got_fused, want_fused, heads, hd);
+        const auto cache_ref = d_ref.download(), cache_new = d_new.download();
+        EXPECT_TRUE(cache_ref == cache_new) << what << ": the KV written";
+        check_reference(got_fused, d_q_roped.download(), cache_ref, what + ", fused");
+        // Twice in a row: the same bits (nothing carries over between launches).
+        decode_rows(a, k);
+        EXPECT_TRUE(d_out.download() == got_fused) << what << ", second launch";
+      }
+    }
+  }
+  // Shapes without a kernel are refused, not run.
+  AttentionArgs bad;
+  bad.num_heads = 16;
+  bad.num_kv_heads = 8;
+  bad.head_dim = 96;
+  EXPECT_EQ(launch_decode_attention_invariant(bad, 1, false, nullptr), cudaErrorInvalidValue);
+  bad.head_dim = 64;
+  EXPECT_EQ(launch_decode_attention_invariant(bad, 1, true, nullptr), cudaErrorInvalidValue);  // wgmma: head_dim 128
+}
+
 TEST_F(CudaKernels, SamplingMatchesTheEngineSampler) {
   const int V = 151936, R = 48;
   std::vector<float> logits(static_cast<size_t>(R) * V);

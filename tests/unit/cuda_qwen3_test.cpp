@@ -444,6 +444,42 @@ TEST_F(CudaQwen3Test, BatchInvariantModeGivesBitIdenticalLogitsWhateverTheBatch)
   for (size_t s = 0; s < alone.size(); ++s) ASSERT_EQ(alone[s], chunked[s]) << "chunked prompt, step " << s;
 }
 
+// Batch-invariant mode's decode attention kernel (launch_decode_attention_invariant)
+// gives the bits of the path it replaced, decode rows as 1-row prefill tiles after
+// the q/k norm + RoPE launch (InstrumentationOptions::invariant_decode_as_prefill):
+// the same logits at every step of a sequence decoded alone (pure decode passes:
+// the kernel does q/k norm, RoPE and the KV write itself) and among 16 others
+// that prefill beside its decode steps (mixed passes: it reads what the q/k norm
+// launch wrote), graph replays and eager steps.
+void expect_decode_kernel_gives_the_prefill_paths_bits(CudaQwen3& kernel, CudaQwen3& prefill_path,
+                                                       const std::string& label) {
+  for (int others : {0, 16}) {
+    const auto got = run_a_with_company(kernel, others, 0);
+    const auto want = run_a_with_company(prefill_path, others, 0);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t s = 0; s < got.size(); ++s)
+      ASSERT_TRUE(got[s] == want[s]) << label << ", " << others << " others, step " << s
+                                     << ": max relative difference " << max_rel_err(got[s], want[s]);
+  }
+}
+
+TEST_F(CudaQwen3Test, BatchInvariantDecodeKernelGivesThePrefillPathsBits) {
+  for (bool graphs : {true, false}) {
+    CudaModelOptions opt;
+    opt.batch_invariant = true;
+    opt.cuda_graphs = graphs;
+    CudaModelOptions old = opt;
+    old.instrumentation.invariant_decode_as_prefill = true;
+    auto kernel = load(opt);
+    auto prefill_path = load(old);
+    ASSERT_TRUE(kernel && prefill_path);
+    expect_decode_kernel_gives_the_prefill_paths_bits(*kernel, *prefill_path, graphs ? "tiny" : "tiny, no graphs");
+    if (graphs) {
+      EXPECT_GT(kernel->num_graphs(), 0u);
+    }
+  }
+}
+
 // Chunk invariance (batch-invariant mode): how a prompt is cut into chunks —
 // and whether its last token comes alone, as a P/D decode engine computes it
 // over the KV it received — must not change a bit of its logits.
@@ -568,6 +604,11 @@ TEST_F(CudaQwen3Test, BatchInvariantChunkInvarianceOnAWiderRandomModel) {
     auto m = CudaQwen3::load(dir, alloc_, opt);
     ASSERT_TRUE(m) << m.error().message;
     expect_chunk_invariant(**m, "qwen3-0.6b shape");
+    // Here the decode kernel matches the wgmma prefill kernel (sm_90a builds).
+    opt.instrumentation.invariant_decode_as_prefill = true;
+    auto prefill_path = CudaQwen3::load(dir, alloc_, opt);
+    ASSERT_TRUE(prefill_path) << prefill_path.error().message;
+    expect_decode_kernel_gives_the_prefill_paths_bits(**m, **prefill_path, "qwen3-0.6b shape");
   }
   std::filesystem::remove_all(dir);
 }

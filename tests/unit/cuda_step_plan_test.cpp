@@ -164,6 +164,56 @@ TEST(CudaStepPlan, OneTokenAsPrefillRoutesEveryRowToPrefillTiles) {
   EXPECT_EQ(plain->prefill_items, (std::vector<int32_t>{1, 1, 1, 0}));
 }
 
+// Batch-invariant mode's decode kernel: one-token chunks stay decode rows, one
+// CTA per (kv head, row) over the whole context (no partitions, so one decode
+// graph per batch size whatever the contexts), listed longest context first;
+// chunks of more tokens are prefill tiles as always.
+TEST(CudaStepPlan, DecodeWholeContextKeepsDecodeRowsUnsplitLongestFirst) {
+  const auto prompt = iota_tokens(70);
+  std::vector<int32_t> table(64);
+  std::iota(table.begin(), table.end(), 0);
+  const std::vector<int32_t> one = {5};
+  StepShape shape{256, 64};
+  shape.decode_whole_context = true;
+  std::vector<PassChunk> mixed = {{0, {one, 9, table, false}, LogitsWanted::kLast},
+                                  {1, {prompt, 0, table, false}, LogitsWanted::kLast},
+                                  {2, {one, 600, table, false}, LogitsWanted::kLast},
+                                  {3, {one, 40, table, false}, LogitsWanted::kLast}};
+  auto plan = plan_pass(mixed, 0, shape);
+  ASSERT_TRUE(plan) << plan.error().message;
+  EXPECT_EQ(plan->decode_seqs, (std::vector<int32_t>{2, 3, 0}));  // 601, 41 and 10 positions
+  EXPECT_EQ(plan->max_partitions, 1);                             // 601 positions, one CTA per kv head
+  EXPECT_EQ(plan->prefill_items, (std::vector<int32_t>{1, 1, 1, 0}));
+  EXPECT_EQ(plan->kv_len, (std::vector<int32_t>{10, 70, 601, 41}));
+  EXPECT_EQ(plan->logits_rows, (std::vector<int32_t>{0, 70, 71, 72}));
+
+  // A padded decode step: padding rows (kv_len 0) are decode rows too, after
+  // every real one, and the offsets depend only on the padded size.
+  std::vector<PassChunk> three = {{0, {one, 5, table, false}, LogitsWanted::kLast},
+                                  {1, {one, 300, table, false}, LogitsWanted::kLast},
+                                  {2, {one, 70, table, false}, LogitsWanted::kLast}};
+  std::vector<PassChunk> five(5, PassChunk{0, {one, 900, table, false}, LogitsWanted::kLast});
+  auto p3 = plan_pass(three, 8, shape);
+  auto p5 = plan_pass(five, 8, shape);
+  ASSERT_TRUE(p3 && p5);
+  EXPECT_EQ(p3->decode_seqs, (std::vector<int32_t>{1, 2, 0, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(p3->max_partitions, 1);
+  EXPECT_EQ(p5->max_partitions, 1);
+  EXPECT_TRUE(p3->prefill_items.empty());
+  EXPECT_TRUE(p3->logits_rows_are_all_tokens());
+  const StepLayout l3 = step_layout(*p3, true), l5 = step_layout(*p5, true);
+  EXPECT_EQ(l3.decode_seqs, l5.decode_seqs);
+  EXPECT_EQ(l3.logits_rows, l5.logits_rows);
+  EXPECT_EQ(l3.sampling, l5.sampling);
+  EXPECT_EQ(l3.block_tables, l5.block_tables);
+
+  // The default shape splits long decode contexts into partitions.
+  auto plain = plan_pass(mixed, 0, StepShape{256, 64});
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->decode_seqs, (std::vector<int32_t>{0, 2, 3}));
+  EXPECT_EQ(plain->max_partitions, 3);
+}
+
 TEST(CudaStepPlan, ImageHoldsTheArraysAndSamplingRecords) {
   const std::vector<int32_t> one = {9}, table = {2};
   std::vector<PassChunk> two(2, PassChunk{0, {one, 5, table, false}, LogitsWanted::kLast});

@@ -48,10 +48,11 @@
 //  - a warp skips the steps wholly past all of its rows (a warp with no rows
 //    in the chunk skips them all, and only helps to load the tiles): by the
 //    point above, that changes nothing for its rows either.
-// Batch-invariant mode relies on this to route one-token chunks here too
-// (step_plan.h: one_token_as_prefill), so a decode token (a 1-row tile: row 0
-// of warp 0) and the same token at any row of any warp inside a prefill chunk
-// get bit-identical attention outputs.
+// Batch-invariant mode relies on this: a decode token gets the row arithmetic
+// of a 1-row tile (row 0 of warp 0) from attention_decode_invariant.cu, which
+// reproduces it op for op (or, with step_plan.h's one_token_as_prefill, from
+// this kernel itself), and the same token at any row of any warp inside a
+// prefill chunk gets bit-identical attention outputs.
 // Padding rows (kv_len 0, from a decode graph's padded batch) write zeros and
 // read nothing.
 #include <cuda_bf16.h>
@@ -270,7 +271,7 @@ __global__ __launch_bounds__(cta_threads<kHeads, kWarpRows>()) void prefill_atte
             rs += p0 + p1;
             pk[mt][nt / 2][(nt & 1) * 2 + rh] = dev::pack_bf16(p0, p1);
           }
-          l_run[mt][rh] = l_run[mt][rh] * alpha + rs;
+          l_run[mt][rh] = fmaf(l_run[mt][rh], alpha, rs);  // one rounding (decode_attention_invariant's too)
 #pragma unroll
           for (int d = 0; d < kDTiles; ++d) {
             o[mt][d][2 * rh] *= alpha;

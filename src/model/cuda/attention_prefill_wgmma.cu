@@ -19,8 +19,10 @@
 // in the log2 domain, the same masks and rescaling (its row sums add as a
 // tree here). So a row's output depends only on its position and its
 // sequence's cache, as that header argues, and not on its tile, its CTA or
-// its pass, so batch-invariant mode takes it too. The two kernels differ by
-// rounding (summation order), so a model takes one of them for every pass.
+// its pass, so batch-invariant mode takes it too (and its decode kernel,
+// attention_decode_invariant.cu, reproduces these chains on mma.sync). The two
+// kernels differ by rounding (summation order), so a model takes one of them
+// for every pass.
 // Measured on the H200 (bench/results/cuda_notes.md): the kernel is bound by
 // each warpgroup's latency (softmax chains, barriers, waits on its own MMAs),
 // not by the tensor cores (~24% busy); two CTAs per SM beat one CTA with
@@ -249,7 +251,7 @@ __global__ __launch_bounds__(128 * kHeads, 2) void prefill_attention_wgmma_kerne
         pk[nt / 2][(nt & 1) * 2 + rh] = dev::pack_bf16(p0, p1);
       }
 #pragma unroll
-    for (int rh = 0; rh < 2; ++rh) l_run[rh] = l_run[rh] * alpha[rh] + (rs[rh][0] + rs[rh][1]);
+    for (int rh = 0; rh < 2; ++rh) l_run[rh] = fmaf(l_run[rh], alpha[rh], rs[rh][0] + rs[rh][1]);  // one rounding
 
     // O += P V: 4 k16 steps over the tile's keys, 16 rows (2 KB of each column block) apart.
     dev::wgmma_fence();

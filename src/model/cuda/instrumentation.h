@@ -40,6 +40,10 @@ struct InstrumentationOptions {
   // batch-invariant mode too: a row's result does not depend on its tile there either);
   // false: the mma.sync kernel (prefill_warp_rows). The two differ by rounding.
   bool prefill_wgmma = true;
+  // Batch-invariant mode: decode rows through the prefill attention kernel as 1-row tiles
+  // (StepShape::one_token_as_prefill, after a q/k norm + RoPE + KV write launch), instead of
+  // launch_decode_attention_invariant. The same bits; kept to compare the two.
+  bool invariant_decode_as_prefill = false;
   // Decode attention partition (kernels.h: 64, 128 or 256 tokens) for every pass; 0: 256 tokens
   // (staged in shared memory, on tensor cores, for passes of up to 8 decode sequences).
   int decode_partition_tokens = 0;

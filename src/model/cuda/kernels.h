@@ -209,6 +209,21 @@ cudaError_t launch_prefill_attention(const AttentionArgs& args, int num_items, L
 bool prefill_wgmma_supported(int num_heads, int num_kv_heads, int head_dim);
 cudaError_t launch_prefill_attention_wgmma(const AttentionArgs& args, int num_items, LaunchConfig launch);
 
+// Batch-invariant decode attention (attention_decode_invariant.cu): num_decode
+// sequences of one query token (args.decode_seqs, as launch_decode_attention
+// takes them), each row bit-identical to what the prefill kernel of the pass
+// gives the same query at the same position over the same cache (a 1-row tile
+// or a row of a longer chunk): launch_prefill_attention_wgmma where `wgmma`
+// (prefill_wgmma_supported), else launch_prefill_attention with
+// args.prefill_warp_rows. One CTA per (kv head, sequence) walks the whole
+// context in that kernel's softmax steps (no split into partitions) with the
+// group's query heads as the rows of one MMA tile, so K and V are read once per
+// kv head. With args.qkv (a pure decode pass) it does q/k norm + RoPE and the KV
+// write itself, as launch_decode_attention does; otherwise q and the new K/V row
+// are what launch_qk_norm_rope_kv wrote. Padding sequences (kv_len 0) get zeros.
+cudaError_t launch_decode_attention_invariant(const AttentionArgs& args, int num_decode, bool wgmma,
+                                              LaunchConfig launch);
+
 // Small-batch projection y[m, n] = sum_k a[m, k] * w[n, k] for M <= kGemvMaxRows,
 // streaming w once through tensor-core MMAs (fp32 accumulation; a row's values
 // do not depend on M). The input can be transformed on the way in, and the

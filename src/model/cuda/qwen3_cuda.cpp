@@ -121,9 +121,17 @@ struct CudaQwen3::Impl {
   int qkv_cols() const { return cfg.q_dim() + 2 * cfg.kv_dim(); }
   float eps() const { return static_cast<float>(cfg.rms_norm_eps); }
   KvCacheLayout layout() const { return KvCacheLayout::for_model(cfg, sizeof(bf16)); }
-  // Batch-invariant mode sends one-token chunks through the prefill kernel
-  // too, so a row's attention does not depend on how its prompt was chunked.
-  cuda::StepShape shape() const { return {partition_tokens(), cuda::kPrefillTileRows, opt.batch_invariant}; }
+  // Batch-invariant mode gives one-token chunks the prefill kernel's row
+  // arithmetic, so a row's attention does not depend on how its prompt was
+  // chunked: through launch_decode_attention_invariant (each decode row's whole
+  // context in one CTA), or, with InstrumentationOptions::invariant_decode_as_prefill,
+  // as 1-row tiles of the prefill kernel itself.
+  cuda::StepShape shape() const {
+    cuda::StepShape s{partition_tokens(), cuda::kPrefillTileRows};
+    s.one_token_as_prefill = opt.batch_invariant && opt.instrumentation.invariant_decode_as_prefill;
+    s.decode_whole_context = opt.batch_invariant && !opt.instrumentation.invariant_decode_as_prefill;
+    return s;
+  }
   // Decode attention's partition: the option where one is set, else 256
   // tokens. A decode step of up to kStagedDecodeBatch sequences stages its
   // partitions in shared memory and attends on tensor cores, 16 warps of 16
@@ -132,8 +140,8 @@ struct CudaQwen3::Impl {
   // item (against 64-token partitions combined in a cluster:
   // bench/results/cuda_choices.md). The line is
   // the GEMV's (kGemvMaxRows), where results already change with the batch;
-  // batch-invariant mode sends one-token chunks through prefill attention and
-  // is not affected.
+  // batch-invariant mode's decode attention takes no partitions and is not
+  // affected.
   int partition_tokens() const {
     return opt.instrumentation.decode_partition_tokens > 0 ? opt.instrumentation.decode_partition_tokens
                                                            : cuda::kDecodePartitionTokens;
@@ -326,9 +334,10 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
 
   cuda::AttentionArgs aa = attention_args(p);
   // A pure decode pass: decode attention does q/k norm + RoPE and the KV write
-  // itself, one launch fewer per layer, same bits. (The partitions are combined
-  // there too, not in the O projection's GEMV staging, where every CTA would
-  // repeat the combination: bench/results/cuda_choices.md.)
+  // itself, one launch fewer per layer, same bits (in batch-invariant mode too).
+  // (The partitions are combined there too, not in the O projection's GEMV
+  // staging, where every CTA would repeat the combination:
+  // bench/results/cuda_choices.md.)
   const bool decode_only = pure_decode(p);
   const bool traced = small && instr->tracing();
   if (traced) SIESTA_TRY(instr->clear_trace());
@@ -361,8 +370,15 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
     aa.q_norm = w.q_norm;
     aa.k_norm = w.k_norm;
     aa.trace = trace_slot(5 * l + 1);
-    SIESTA_CUDA_TRY(cuda::launch_decode_attention(aa, p.D, p.max_partitions, launch()), "decode attention");
-    if (p.D > 0) instr->mark("attention_decode");
+    if (opt.batch_invariant) {
+      // Each row as the pass's prefill kernel computes it (kernels.h).
+      SIESTA_CUDA_TRY(cuda::launch_decode_attention_invariant(aa, p.D, use_prefill_wgmma(), launch()),
+                      "decode attention (batch-invariant)");
+      if (p.D > 0) instr->mark("attention_decode_invariant");
+    } else {
+      SIESTA_CUDA_TRY(cuda::launch_decode_attention(aa, p.D, p.max_partitions, launch()), "decode attention");
+      if (p.D > 0) instr->mark("attention_decode");
+    }
     if (use_prefill_wgmma()) {
       SIESTA_CUDA_TRY(cuda::launch_prefill_attention_wgmma(aa, p.W, launch()), "prefill attention (wgmma)");
     } else {

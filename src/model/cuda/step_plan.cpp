@@ -99,7 +99,8 @@ Result<StepPlan> plan_pass(std::span<const PassChunk> chunks, int pad_to_seqs, c
     }
     if (n == 1 && !shape.one_token_as_prefill) {
       p.decode_seqs.push_back(s);
-      p.max_partitions = std::max(p.max_partitions, (kv_len + shape.partition_tokens - 1) / shape.partition_tokens);
+      if (!shape.decode_whole_context)
+        p.max_partitions = std::max(p.max_partitions, (kv_len + shape.partition_tokens - 1) / shape.partition_tokens);
     } else {
       for (int t = 0; t * shape.prefill_tile_rows < n; ++t) {
         p.prefill_items.push_back(s);
@@ -121,6 +122,9 @@ Result<StepPlan> plan_pass(std::span<const PassChunk> chunks, int pad_to_seqs, c
   p.num_tokens = row;
   p.partition_tokens = shape.partition_tokens;
   if (!p.decode_seqs.empty()) p.max_partitions = std::max(p.max_partitions, 1);
+  if (shape.decode_whole_context)  // padding (kv_len 0) last
+    std::stable_sort(p.decode_seqs.begin(), p.decode_seqs.end(),
+                     [&](int32_t a, int32_t b) { return p.kv_len[a] > p.kv_len[b]; });
 
   // Most work first, so the longest tiles do not start last: a tile's work is
   // the number of positions its last row sees.

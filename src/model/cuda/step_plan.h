@@ -52,11 +52,17 @@ std::vector<std::vector<PassChunk>> split_into_passes(std::span<const SequenceCh
 struct StepShape {
   int partition_tokens = 256;  // kDecodePartitionTokens
   int prefill_tile_rows = 64;  // kPrefillTileRows
-  // One attention path for every row (batch-invariant mode): a chunk of one
-  // token (and a padding row) becomes a prefill work item (a 1-row tile)
-  // instead of a decode sequence, so a row's attention arithmetic is the
-  // prefill kernel's whether its token came alone or inside a longer chunk.
+  // One attention kernel for every row (batch-invariant mode's path before its
+  // decode kernel, kept to compare): a chunk of one token (and a padding row)
+  // becomes a prefill work item (a 1-row tile) instead of a decode sequence, so
+  // a row's attention is the prefill kernel's whether its token came alone or
+  // inside a longer chunk.
   bool one_token_as_prefill = false;
+  // Decode sequences are not split into partitions (max_partitions is 1
+  // whatever their context: batch-invariant mode's decode attention walks a
+  // row's whole context in the prefill kernel's key steps) and are listed
+  // longest context first, so that the longest CTAs do not start last.
+  bool decode_whole_context = false;
 };
 
 struct StepPlan {
@@ -67,6 +73,7 @@ struct StepPlan {
   std::vector<int32_t> q_start, q_len, kv_len, table_start;  // [S]
   std::vector<int32_t> block_tables;                         // the blocks each sequence uses, concatenated
   std::vector<int32_t> decode_seqs;                          // sequences with one new token (unless one_token_as_prefill)
+                                                             // (decode_whole_context: longest context first)
   std::vector<int32_t> prefill_items;                        // (sequence, query tile) pairs, most work first
   int max_partitions = 0;                                    // decode partitions of the longest decode sequence
   int partition_tokens = 0;                                  // StepShape::partition_tokens of this plan
