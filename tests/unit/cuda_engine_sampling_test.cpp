@@ -337,7 +337,7 @@ TEST(CudaEngineSamplingInvariance, DeviceChosenRequestsGetTheSameTokensAloneAndB
   r.params.seed = 4003;
   host.push_back(r);
   r = make("logit-bias", 40, 404);
-  r.params.logit_bias = {{100, 4.0}, {7, -50.0}};
+  r.params.logit_bias = {{7, -50.0}, {100, 4.0}};
   r.params.temperature = 0.9;
   r.params.seed = 4004;
   host.push_back(r);

@@ -442,12 +442,15 @@ cudaError_t launch_fixed_gemm_wgmma(const bf16* a, const bf16* w, void* out, boo
   const size_t need = static_cast<size_t>(kProjectionSegments) * M * N * sizeof(float);
   const bool have_workspace = opt.workspace != nullptr && opt.workspace_bytes >= need;
   // The warp-specialized TMA kernel, split by segments where its 128 x 128
-  // tiles are fewer than the SMs.
+  // tiles fill at most half the SMs and K is long enough to pay for the
+  // partial sums' round trip (cuda_gemm_bench on the H200:
+  // bench/results/cuda_gemm_h200.json).
   if (opt.kernel == 3 || (opt.kernel == 0 && opt.tile_m == 0 && opt.tile_n == 0 && opt.splits == 0)) {
     int splits = opt.splits;
     if (splits == 0) {
       splits = 1;
-      while (splits < kProjectionSegments && tiles(128, 128) * splits < sms) splits *= 2;
+      if (K >= 2048 && 2 * tiles(128, 128) <= sms)
+        while (splits < kProjectionSegments && tiles(128, 128) * splits < sms) splits *= 2;
       if (!have_workspace) splits = 1;
     }
     if (kProjectionSegments % splits != 0 || (splits > 1 && !have_workspace)) return cudaErrorInvalidValue;

@@ -300,9 +300,9 @@ constexpr int projection_segment_k(int K) {
 struct FixedGemmOptions {
   void* workspace = nullptr;  // for splits; without it (or too small) no split
   size_t workspace_bytes = 0;
-  // 0: the fastest the build has for the shape, 1: mma.sync, 2: wgmma with cp.async loads (any tile and
-  // split below), 3: wgmma fed by TMA copies from a loading warpgroup (128 x 128 tiles, no split; chosen
-  // where those tiles fill the SMs)
+  // 0: the fastest the build has (sm_90a: 3, split where its tiles are few; else 1), 1: mma.sync,
+  // 2: wgmma with cp.async loads (any tile and split below), 3: wgmma fed by TMA copies from a loading
+  // warpgroup, persistent, 128 x 128 tiles (any split below)
   int kernel = 0;
   int splits = 0;  // wgmma: 0 chosen from the tile count, else 1, 2, 4 or 8
   int tile_n = 0;  // wgmma: 0 chosen, else 64 or 128 output columns per CTA
