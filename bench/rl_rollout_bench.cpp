@@ -5,7 +5,7 @@
 //   rl_rollout_bench --model DIR [--shape NAME] [--device cuda|cpu] [--sequences 256] [--prompt 1024]
 //                    [--output 4096] [--temperature 0] [--seed 1] [--gpu-memory-utilization 0.9]
 //                    [--kv-cache-memory-bytes N] [--max-num-batched-tokens 2048] [--threads N]
-//                    [--allow-preemption] [--lone-prompt 1024] [--lone-output 64] [--lone-repeat 3]
+//                    [--allow-preemption] [--batch-invariant] [--lone-prompt 1024] [--lone-output 64] [--lone-repeat 3]
 //                    [--bin-steps 256] [--timeout-s 3600] [--out FILE.json] [--commit SHA] [--log-level warn]
 //
 // The engine is made as a vLLM user would start one for this shape:
@@ -92,6 +92,7 @@ struct Options {
   int max_num_batched_tokens = 2048;
   size_t threads = 0;
   bool allow_preemption = false;
+  bool batch_invariant = false;
   int lone_prompt = 1024, lone_output = 64, lone_repeat = 3;
   int bin_steps = 256;
   double timeout_s = 3600;
@@ -102,7 +103,7 @@ struct Options {
                "rl_rollout_bench: %s\n"
                "usage: rl_rollout_bench --model DIR [--shape NAME] [--device cuda|cpu] [--sequences N] [--prompt N] "
                "[--output N] [--temperature T] [--seed S] [--gpu-memory-utilization F] [--kv-cache-memory-bytes N] "
-               "[--max-num-batched-tokens N] [--threads N] [--allow-preemption] [--lone-prompt N] [--lone-output N] "
+               "[--max-num-batched-tokens N] [--threads N] [--allow-preemption] [--batch-invariant] [--lone-prompt N] [--lone-output N] "
                "[--lone-repeat N] [--bin-steps N] [--timeout-s S] [--out FILE.json] [--commit SHA] "
                "[--log-level LEVEL]\n",
                why.c_str());
@@ -136,6 +137,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--max-num-batched-tokens") o.max_num_batched_tokens = positive(a, next());
     else if (a == "--threads") o.threads = static_cast<size_t>(std::atoi(next().c_str()));
     else if (a == "--allow-preemption") o.allow_preemption = true;
+    else if (a == "--batch-invariant") o.batch_invariant = true;
     else if (a == "--lone-prompt") o.lone_prompt = positive(a, next());
     else if (a == "--lone-output") o.lone_output = std::max(2, positive(a, next()));
     else if (a == "--lone-repeat") o.lone_repeat = positive(a, next());
@@ -415,6 +417,7 @@ int main(int argc, char** argv) {
   eo.gpu_memory_utilization = o.utilization;
   if (!o.kv_bytes.empty()) eo.kv_cache_memory_bytes = static_cast<uint64_t>(std::strtod(o.kv_bytes.c_str(), nullptr));
   eo.seed = o.seed;
+  eo.batch_invariant = o.batch_invariant;
   eo.step_observer = [&log](const EngineStepRecord& r) { log.add(r); };
   auto t = Clock::now();
   std::unique_ptr<Engine> engine = check(Engine::create(eo), "creating the engine");
@@ -676,7 +679,8 @@ int main(int argc, char** argv) {
           {"seed", o.seed},
           {"ignore_eos", true},
           {"kv_tokens_needed", blocks_needed * lim.block_size},
-          {"allow_preemption", o.allow_preemption}}},
+          {"allow_preemption", o.allow_preemption},
+          {"batch_invariant", o.batch_invariant}}},
         {"limit", {{"what", limit.what}, {"copy_gb_per_s", limit.gb_per_s}}},
         {"batch",
          {{"wall_s", wall_s},
