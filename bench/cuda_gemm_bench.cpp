@@ -169,12 +169,6 @@ int main(int argc, char** argv) {
         tma.splits = 1;
         tiles["tma128x128"] =
             median_us([&] { ok(cuda::launch_fixed_gemm(A, W, y, sh.f32, M, sh.N, sh.K, s, tma), "wgmma tma"); }, s);
-        for (int turns : {0, 1}) {  // the warpgroups' turns off, and on wherever the ring allows
-          cuda::FixedGemmOptions t = tma;
-          t.turns = turns;
-          tiles[turns ? "tma_turns_on" : "tma_turns_off"] =
-              median_us([&] { ok(cuda::launch_fixed_gemm(A, W, y, sh.f32, M, sh.N, sh.K, s, t), "wgmma tma"); }, s);
-        }
       }
       const double best = t_wg > 0 ? std::min(t_wg, t_mma) : t_mma;
       std::printf("%-5s %-8s %6d %6d %6d %10.1f %10.1f %10.1f %8.2f", sh.model, sh.name, M, sh.N, sh.K, cublas,

@@ -748,21 +748,17 @@ TEST_F(CudaKernels, FixedGemmWgmmaGivesTheMmaKernelsBitsForEveryTileAndSplit) {
         }
         // The TMA kernel (128 x 128 tiles, walked in groups of tile rows; a partial last group at M 1031),
         // at every split.
-        // With and without the warpgroups' turns (taken where K <= 3072 with turns 1).
         for (int splits : {1, 2, 4, 8}) {
-          for (int turns : {0, 1}) {
-            FixedGemmOptions tma;
-            tma.kernel = 3;
-            tma.splits = splits;
-            tma.turns = turns;
-            tma.workspace = d_ws.get();
-            tma.workspace_bytes = static_cast<size_t>(kProjectionSegments) * 1031 * 1032 * sizeof(float);
-            CUDA_OK(cudaMemset(d_got.get(), 0xff, bytes));
-            CUDA_OK(launch_fixed_gemm(B(d_a), B(d_w), d_got.get(), f32, M, N, K, nullptr, tma));
-            CUDA_OK(cudaDeviceSynchronize());
-            EXPECT_TRUE(d_got.download() == ref) << "N " << N << " K " << K << " M " << M << (f32 ? " f32" : " bf16")
-                                                 << " tma splits " << splits << " turns " << turns;
-          }
+          FixedGemmOptions tma;
+          tma.kernel = 3;
+          tma.splits = splits;
+          tma.workspace = d_ws.get();
+          tma.workspace_bytes = static_cast<size_t>(kProjectionSegments) * 1031 * 1032 * sizeof(float);
+          CUDA_OK(cudaMemset(d_got.get(), 0xff, bytes));
+          CUDA_OK(launch_fixed_gemm(B(d_a), B(d_w), d_got.get(), f32, M, N, K, nullptr, tma));
+          CUDA_OK(cudaDeviceSynchronize());
+          EXPECT_TRUE(d_got.download() == ref) << "N " << N << " K " << K << " M " << M << (f32 ? " f32" : " bf16")
+                                               << " tma splits " << splits;
         }
       }
     }

@@ -240,19 +240,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-// Turn-taking of the two multiplying warpgroups (256 threads) on named
-// barriers 1 and 2 (0 is __syncthreads').
-// Turns by default where segments are at most kTurnTiles K tiles; possible
-// (no deadlock) up to kTmaStages: a segment's tiles and the other
-// warpgroup's previous segment then fit the ring.
-constexpr int kTurnTiles = 2;
-__device__ __forceinline__ void named_barrier_sync(int id) {
-  asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(int id) {
-  asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory");
-}
-
 // Work unit u: its output tile's first row and column, and its first segment.
 struct TmaUnit {
   int bm0, bn0, seg0;
@@ -268,8 +255,7 @@ __device__ __forceinline__ TmaUnit tma_unit(int u, int splits, int segs, int M, 
 template <int BN, bool kSplit, bool kOutF32>
 __global__ __launch_bounds__(384, 1) void fixed_gemm_tma_kernel(const __grid_constant__ CUtensorMap a_map,
                                                                 const __grid_constant__ CUtensorMap w_map, void* out,
-                                                                float* partial, int M, int N, int K, int splits,
-                                                                int turn_mode) {
+                                                                float* partial, int M, int N, int K, int splits) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kAcc = BN / 2;
   dev::begin_dependent_kernel();
@@ -312,16 +298,6 @@ __global__ __launch_bounds__(384, 1) void fixed_gemm_tma_kernel(const __grid_con
 
   const int cw = wg - 1;  // this multiplying warpgroup's 64 rows
   int i = 0;              // K tiles taken, over every unit
-  // Short segments (`turns`, where the ring holds a segment beside the other
-  // warpgroup's previous one: at most kTmaStages K tiles): the two warpgroups take turns
-  // issuing a segment's wgmmas, so that one's wait at its segment's end runs
-  // while the other's products keep the tensor cores busy. Warpgroup 0 issues
-  // segment g after warpgroup 1 issued g - 1 (named barrier 1), warpgroup 1
-  // after warpgroup 0 issued g (named barrier 2).
-  const bool turns = turn_mode != 0 && seg_tiles <= (turn_mode > 0 ? kTmaStages : kTurnTiles);
-  const int my_units = (units - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) / gridDim.x;
-  const int my_segments = my_units * segs;
-  int g = 0;  // segments this warpgroup has issued
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const TmaUnit w = tma_unit<BN>(u, splits, segs, M, N);
     float acc[kAcc];
@@ -334,13 +310,7 @@ __global__ __launch_bounds__(384, 1) void fixed_gemm_tma_kernel(const __grid_con
     }
     int pending = -1;  // the stage whose wgmmas may still run
 #pragma unroll 1
-    for (int seg = w.seg0; seg < w.seg0 + segs; ++seg, ++g) {
-      if (turns) {
-        if (cw == 1)
-          named_barrier_sync(2);
-        else if (g > 0)
-          named_barrier_sync(1);
-      }
+    for (int seg = w.seg0; seg < w.seg0 + segs; ++seg) {
 #pragma unroll 1
       for (int t = 0; t < seg_tiles; ++t, ++i) {
         const int s = i % kTmaStages;
@@ -359,12 +329,6 @@ __global__ __launch_bounds__(384, 1) void fixed_gemm_tma_kernel(const __grid_con
         dev::wgmma_wait<1>();  // the previous tile's wgmmas are done: its stage is free
         if (pending >= 0) dev::mbar_arrive(&empty[pending]);
         pending = s;
-      }
-      if (turns) {
-        if (cw == 0)
-          named_barrier_arrive(2);
-        else if (g + 1 < my_segments)
-          named_barrier_arrive(1);
       }
       dev::wgmma_wait<0>();
       dev::wgmma_hold(acc);
@@ -410,7 +374,7 @@ bool encode_rows(CUtensorMap* map, const bf16* base, int rows, int K, int box_ro
 
 template <int BN, bool kSplit, bool kOutF32>
 cudaError_t launch_tma_variant(const CUtensorMap& a_map, const CUtensorMap& w_map, void* out, float* partial, int M,
-                               int N, int K, int splits, int turns, const LaunchConfig& launch) {
+                               int N, int K, int splits, const LaunchConfig& launch) {
   auto* kernel = fixed_gemm_tma_kernel<BN, kSplit, kOutF32>;
   static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                        static_cast<int>(tma_smem_bytes<BN>()));
@@ -419,18 +383,18 @@ cudaError_t launch_tma_variant(const CUtensorMap& a_map, const CUtensorMap& w_ma
   if (units > 0x7fffffffL) return cudaErrorInvalidValue;
   const unsigned ctas = static_cast<unsigned>(std::min<long>(units, sm_count()));
   return launch_kernel(kernel, dim3(ctas), 384, tma_smem_bytes<BN>(), launch, a_map, w_map, out, partial, M, N, K,
-                       splits, turns);
+                       splits);
 }
 
 cudaError_t launch_tma(const bf16* a, const bf16* w, void* out, bool out_f32, float* partial, int M, int N, int K,
-                       int splits, int turns, const LaunchConfig& launch) {
+                       int splits, const LaunchConfig& launch) {
   constexpr int BN = 128;
   CUtensorMap a_map, w_map;
   if (!encode_rows(&a_map, a, M, K, 128) || !encode_rows(&w_map, w, N, K, BN)) return cudaErrorNotSupported;
   if (splits <= 1)
-    return out_f32 ? launch_tma_variant<BN, false, true>(a_map, w_map, out, nullptr, M, N, K, 1, turns, launch)
-                   : launch_tma_variant<BN, false, false>(a_map, w_map, out, nullptr, M, N, K, 1, turns, launch);
-  const cudaError_t err = launch_tma_variant<BN, true, false>(a_map, w_map, out, partial, M, N, K, splits, turns, launch);
+    return out_f32 ? launch_tma_variant<BN, false, true>(a_map, w_map, out, nullptr, M, N, K, 1, launch)
+                   : launch_tma_variant<BN, false, false>(a_map, w_map, out, nullptr, M, N, K, 1, launch);
+  const cudaError_t err = launch_tma_variant<BN, true, false>(a_map, w_map, out, partial, M, N, K, splits, launch);
   if (err != cudaSuccess) return err;
   const size_t elems = static_cast<size_t>(M) * N;
   const unsigned blocks = static_cast<unsigned>(std::min<size_t>((elems + 255) / 256, 8u * sm_count()));
@@ -490,8 +454,7 @@ cudaError_t launch_fixed_gemm_wgmma(const bf16* a, const bf16* w, void* out, boo
       if (!have_workspace) splits = 1;
     }
     if (kProjectionSegments % splits != 0 || (splits > 1 && !have_workspace)) return cudaErrorInvalidValue;
-    const cudaError_t err =
-        launch_tma(a, w, out, out_f32, static_cast<float*>(opt.workspace), M, N, K, splits, opt.turns, launch);
+    const cudaError_t err = launch_tma(a, w, out, out_f32, static_cast<float*>(opt.workspace), M, N, K, splits, launch);
     if (err != cudaErrorNotSupported || opt.kernel == 3) return err;
   }
   int bn = opt.tile_n, bm = opt.tile_m;

@@ -307,9 +307,6 @@ struct FixedGemmOptions {
   int splits = 0;  // wgmma: 0 chosen from the tile count, else 1, 2, 4 or 8
   int tile_n = 0;  // wgmma: 0 chosen, else 64 or 128 output columns per CTA
   int tile_m = 0;  // wgmma: 0 chosen, else 64 or 128 output rows per CTA (one or two warpgroups)
-  // TMA kernel: whether its two multiplying warpgroups take turns by segment (-1: where segments
-  // are at most 2 K tiles, K <= 1024; 0 never; 1 where the ring allows it, K <= 3072)
-  int turns = -1;
 };
 bool fixed_gemm_supported(int N, int K);
 cudaError_t launch_fixed_gemm(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K,
