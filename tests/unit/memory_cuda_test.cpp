@@ -368,14 +368,19 @@ TEST_P(CudaRestore, FromAKeptPinnedBufferByteForByte) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_EQ(host->pinned_bytes(), host->bytes()) << "the kept buffer was not pinned in 2 minutes";
 
-  restore_and_check(0, h, 64 * kMiB);                                // aligned, in the first registration
-  restore_and_check(3, h + 3, 1 * kMiB + 5);                         // equally misaligned ends, odd size
-  restore_and_check(7, h + 1, 777);                                  // ends misaligned mod 4: bytes
-  restore_and_check(4096 + 4, h + 8, 5 * kMiB + 12);                 // ends 4 apart mod 16: 4-byte words
-  restore_and_check(8, h + kPin - 1000, 3000 + 13);                  // across the first registration's end
-  restore_and_check(kMiB + 5, h + kPin - 7, kPin + 20 * kMiB + 3);   // across the second's, 276 MiB
-  restore_and_check(2 * kMiB, h + 16, 2 * kPin + 24 * kMiB);         // all three registrations
-  restore_and_check(kDeviceBytes - 1, h + kHostBytes - 1, 1);        // the last byte of both
+  // Host bytes [from, from + n) of the kept buffer to device offset `at`.
+  auto restore = [&](size_t at, size_t from, size_t n) {
+    ASSERT_LE(from + n, kHostBytes) << "the test reads past its host buffer";
+    restore_and_check(at, h + from, n);
+  };
+  restore(0, 0, 64 * kMiB);                                // aligned, in the first registration
+  restore(3, 3, 1 * kMiB + 5);                             // equally misaligned ends, odd size
+  restore(7, 1, 777);                                      // ends misaligned mod 4: bytes
+  restore(4096 + 4, 8, 5 * kMiB + 12);                     // ends 4 apart mod 16: 4-byte words
+  restore(8, kPin - 1000, 3000 + 13);                      // across the first registration's end
+  restore(kMiB + 5, kPin - 7, kPin + 20 * kMiB + 3);       // across the second's, 276 MiB
+  restore(2 * kMiB, 16, 2 * kPin + 24 * kMiB);             // all three registrations
+  restore(kDeviceBytes - 1, kHostBytes - 1, 1);            // the last byte of both
 }
 
 TEST_P(CudaRestore, FromOrdinaryMemoryThroughTheStagingSlotsByteForByte) {
