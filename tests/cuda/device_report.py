@@ -152,7 +152,7 @@ for name in ("rl_loop_0.6b_h200.json", "rl_loop_pd_0.6b_h200.json"):
                          " of freed", f"sleep {it['sleep_s']:.2f} s, wake {it['wake_weights_s'] + it['wake_kv_s']:.2f}"
                          f" s, = fresh engine: {it['equal_to_fresh_engine']}"))
 
-for shape in ("0.6b", "8b"):
+for shape in ("0.6b", "bi_0.6b", "8b"):  # bi_: the batch-invariant mode
     r = load(f"rl_rollout_{shape}_h200.json")
     if not r:
         continue
@@ -185,6 +185,16 @@ for shape in ("0.6b", "8b"):
                      f"TPOT {bs['mean_tpot_ms']:.2f} ms, server's share of a step "
                      f"{srv['server_share_of_step'] * 100:.1f}%; lone TTFT fresh "
                      f"{srv['lone']['fresh']['ttft_ms']:.1f} ms, warm {srv['lone']['warm_median_ttft_ms']:.1f} ms"))
+
+# Batch-invariant against the default mode at each point of the 8B bench (stage bench8b).
+b8 = load("cuda_qwen3_8b.json")
+if b8 and "batch_invariant" in b8.get("modes", {}) and "default" in b8.get("modes", {}):
+    inv, dflt = b8["modes"]["batch_invariant"], b8["modes"]["default"]
+    parts = [f"decode b{bs} {dflt['decode'][bs]['ms_per_step'] / inv['decode'][bs]['ms_per_step']:.2f}"
+             for bs in sorted(inv.get("decode", {}), key=int) if bs in dflt.get("decode", {})]
+    parts += [f"prefill {n} {dflt['prefill'][n]['ms'] / inv['prefill'][n]['ms']:.2f}"
+              for n in sorted(inv.get("prefill", {}), key=int) if n in dflt.get("prefill", {})]
+    rows.append(("cuda_qwen3 8B, batch-invariant / default", ", ".join(parts), "speed ratio (goal >= 0.9)"))
 
 for mode, label in (("bi", "batch-invariant"), ("default", "default mode")):
     r = load(f"invariance_{mode}_0.6b_h200.json")
