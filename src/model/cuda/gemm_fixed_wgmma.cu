@@ -206,6 +206,14 @@ __global__ void combine_segments_kernel(const float* __restrict__ partial, void*
   }
 }
 
+// The combine of a split: each element's segment sums added in order.
+cudaError_t launch_combine(const float* partial, void* out, bool out_f32, int M, int N, const LaunchConfig& launch) {
+  const size_t elems = static_cast<size_t>(M) * N;
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((elems + 255) / 256, 8u * sm_count()));
+  return out_f32 ? launch_kernel(combine_segments_kernel<true>, blocks, 256, 0, launch, partial, out, elems)
+                 : launch_kernel(combine_segments_kernel<false>, blocks, 256, 0, launch, partial, out, elems);
+}
+
 // The large-M kernel: three warpgroups, one that loads and two that multiply
 // (warp specialization), persistent: a CTA per SM walks the output tiles.
 // One thread of the first warpgroup issues the tensor-memory copies (TMA) of
@@ -395,11 +403,7 @@ cudaError_t launch_tma(const bf16* a, const bf16* w, void* out, bool out_f32, fl
     return out_f32 ? launch_tma_variant<BN, false, true>(a_map, w_map, out, nullptr, M, N, K, 1, launch)
                    : launch_tma_variant<BN, false, false>(a_map, w_map, out, nullptr, M, N, K, 1, launch);
   const cudaError_t err = launch_tma_variant<BN, true, false>(a_map, w_map, out, partial, M, N, K, splits, launch);
-  if (err != cudaSuccess) return err;
-  const size_t elems = static_cast<size_t>(M) * N;
-  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((elems + 255) / 256, 8u * sm_count()));
-  return out_f32 ? launch_kernel(combine_segments_kernel<true>, blocks, 256, 0, launch, partial, out, elems)
-                 : launch_kernel(combine_segments_kernel<false>, blocks, 256, 0, launch, partial, out, elems);
+  return err != cudaSuccess ? err : launch_combine(partial, out, out_f32, M, N, launch);
 }
 
 template <int kWG, int BN, bool kSplit, bool kOutF32>
@@ -414,9 +418,7 @@ cudaError_t launch_variant(const bf16* a, const bf16* w, void* out, float* parti
   cudaError_t err =
       launch_kernel(kernel, grid, 128 * kWG, smem_bytes<kWG, BN>(), launch, a, w, out, partial, M, N, K);
   if (err != cudaSuccess || !kSplit) return err;
-  const size_t elems = static_cast<size_t>(M) * N;
-  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((elems + 255) / 256, 8u * sm_count()));
-  return launch_kernel(combine_segments_kernel<kOutF32>, blocks, 256, 0, launch, partial, out, elems);
+  return launch_combine(partial, out, kOutF32, M, N, launch);
 }
 
 template <int kWG, int BN>
@@ -468,10 +470,9 @@ cudaError_t launch_fixed_gemm_wgmma(const bf16* a, const bf16* w, void* out, boo
   if (splits == 0) {
     splits = 1;
     while (splits < kProjectionSegments && tiles(bm, bn) * splits < sms) splits *= 2;
-    if (opt.workspace == nullptr || opt.workspace_bytes < need) splits = 1;
+    if (!have_workspace) splits = 1;
   }
-  if (kProjectionSegments % splits != 0) return cudaErrorInvalidValue;
-  if (splits > 1 && (opt.workspace == nullptr || opt.workspace_bytes < need)) return cudaErrorInvalidValue;
+  if (kProjectionSegments % splits != 0 || (splits > 1 && !have_workspace)) return cudaErrorInvalidValue;
   float* partial = static_cast<float*>(opt.workspace);
   if (bm == 128)
     return bn == 128 ? launch_tile<2, 128>(a, w, out, out_f32, partial, M, N, K, splits, launch)
