@@ -3,7 +3,7 @@
 //
 //   engine_sleep_bench --model DIR [--device cuda|cpu] [--levels 1,2] [--repeat 3]
 //                      [--prompts 8] [--max-tokens 32] [--gpu-memory-utilization 0.9]
-//                      [--kv-cache-memory-bytes N] [--batch-invariant] [--shape NAME]
+//                      [--kv-cache-memory-bytes N] [--no-batch-invariant] [--shape NAME]
 //                      [--asleep-s S] [--restore-copy kernel|copy_engine]
 //                      [--out FILE.json] [--commit SHA] [--log-level info]
 //
@@ -81,7 +81,7 @@ struct Options {
   int prompts = 8;
   int max_tokens = 32;
   double utilization = kDefaultGpuMemoryUtilization;
-  bool batch_invariant = false;
+  bool batch_invariant = true;
   bool keep_offload_buffers = true;
   double settle_s = 120;
   double asleep_s = 0;
@@ -92,7 +92,7 @@ struct Options {
   std::fprintf(stderr,
                "engine_sleep_bench: %s\n"
                "usage: engine_sleep_bench --model DIR [--device cuda|cpu] [--levels 1,2] [--repeat N] [--prompts N] "
-               "[--max-tokens N] [--gpu-memory-utilization F] [--kv-cache-memory-bytes N] [--batch-invariant] "
+               "[--max-tokens N] [--gpu-memory-utilization F] [--kv-cache-memory-bytes N] [--no-batch-invariant] "
                "[--no-keep-offload-buffers] [--settle-s S] [--asleep-s S] [--restore-copy kernel|copy_engine] "
                "[--shape NAME] [--out FILE.json] [--commit SHA] [--log-level LEVEL]\n",
                why.c_str());
@@ -119,6 +119,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--gpu-memory-utilization") o.utilization = std::atof(next().c_str());
     else if (a == "--kv-cache-memory-bytes") o.kv_bytes = next();
     else if (a == "--batch-invariant") o.batch_invariant = true;
+    else if (a == "--no-batch-invariant") o.batch_invariant = false;
     else if (a == "--no-keep-offload-buffers") o.keep_offload_buffers = false;
     else if (a == "--settle-s") o.settle_s = std::atof(next().c_str());
     else if (a == "--asleep-s") o.asleep_s = std::max(0.0, std::atof(next().c_str()));

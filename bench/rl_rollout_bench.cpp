@@ -5,7 +5,7 @@
 //   rl_rollout_bench --model DIR [--shape NAME] [--device cuda|cpu] [--sequences 256] [--prompt 1024]
 //                    [--output 4096] [--temperature 0] [--seed 1] [--gpu-memory-utilization 0.9]
 //                    [--kv-cache-memory-bytes N] [--max-num-batched-tokens 2048] [--threads N]
-//                    [--allow-preemption] [--batch-invariant] [--lone-prompt 1024] [--lone-output 64] [--lone-repeat 3]
+//                    [--allow-preemption] [--no-batch-invariant] [--lone-prompt 1024] [--lone-output 64] [--lone-repeat 3]
 //                    [--bin-steps 256] [--timeout-s 3600] [--out FILE.json] [--commit SHA] [--log-level warn]
 //
 // The engine is made as a vLLM user would start one for this shape:
@@ -92,7 +92,7 @@ struct Options {
   int max_num_batched_tokens = 2048;
   size_t threads = 0;
   bool allow_preemption = false;
-  bool batch_invariant = false;
+  bool batch_invariant = true;
   int lone_prompt = 1024, lone_output = 64, lone_repeat = 3;
   int bin_steps = 256;
   double timeout_s = 3600;
@@ -103,7 +103,7 @@ struct Options {
                "rl_rollout_bench: %s\n"
                "usage: rl_rollout_bench --model DIR [--shape NAME] [--device cuda|cpu] [--sequences N] [--prompt N] "
                "[--output N] [--temperature T] [--seed S] [--gpu-memory-utilization F] [--kv-cache-memory-bytes N] "
-               "[--max-num-batched-tokens N] [--threads N] [--allow-preemption] [--batch-invariant] [--lone-prompt N] [--lone-output N] "
+               "[--max-num-batched-tokens N] [--threads N] [--allow-preemption] [--no-batch-invariant] [--lone-prompt N] [--lone-output N] "
                "[--lone-repeat N] [--bin-steps N] [--timeout-s S] [--out FILE.json] [--commit SHA] "
                "[--log-level LEVEL]\n",
                why.c_str());
@@ -138,6 +138,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--threads") o.threads = static_cast<size_t>(std::atoi(next().c_str()));
     else if (a == "--allow-preemption") o.allow_preemption = true;
     else if (a == "--batch-invariant") o.batch_invariant = true;
+    else if (a == "--no-batch-invariant") o.batch_invariant = false;
     else if (a == "--lone-prompt") o.lone_prompt = positive(a, next());
     else if (a == "--lone-output") o.lone_output = std::max(2, positive(a, next()));
     else if (a == "--lone-repeat") o.lone_repeat = positive(a, next());

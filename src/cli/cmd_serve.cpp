@@ -3,7 +3,7 @@
 //              [--max-num-batched-tokens N] [--kv-cache-memory-bytes N | --num-kv-blocks N]
 //              [--no-enable-prefix-caching] [--threads N] [--seed S]
 //              [--enable-sleep-mode] [--max-held-requests N]
-//              [--device cpu|cuda] [--gpu-memory-utilization F] [--batch-invariant]
+//              [--device cpu|cuda] [--gpu-memory-utilization F] [--no-batch-invariant]
 //              [--kv-transfer-config JSON] [HTTP limits: cli/http_flags.h]
 //              [--chat-template FILE|TEMPLATE] [--enable-auto-tool-choice] [--tool-call-parser hermes]
 //              [--reasoning-parser qwen3] [--trust-request-chat-template]

@@ -22,9 +22,10 @@ void DeviceFlags::add_to(CLI::App& cmd) {
   kv_bytes_option = cmd.add_option("--kv-cache-memory-bytes", kv_cache_memory,
                                    "KV cache size in bytes (K, M, G suffixes: powers of 1024); takes precedence over "
                                    "--gpu-memory-utilization (CPU default 4G)");
-  cmd.add_flag("--batch-invariant", batch_invariant,
-               "--device cuda: a request's tokens do not depend on what else is batched with it (slower); the CPU "
-               "model always is");
+  cmd.add_flag("--batch-invariant,!--no-batch-invariant", batch_invariant,
+               "--device cuda: a request's tokens do not depend on what else is batched with it (the default; "
+               "--no-batch-invariant: cuBLASLt and split-KV decode attention, faster at some shapes, results that "
+               "change with the batch); the CPU model always is");
 }
 
 Result<void> DeviceFlags::apply(EngineOptions& options) const {

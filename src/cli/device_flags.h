@@ -3,7 +3,7 @@
 //   --gpu-memory-utilization F        CUDA: fraction of the device's memory this engine may take (default 0.9);
 //                                     the KV cache gets what is left after weights and activations
 //   --kv-cache-memory-bytes N         the KV cache's size; takes precedence over --gpu-memory-utilization
-//   --batch-invariant                 CUDA: tokens independent of the batch (the CPU model always is)
+//   --[no-]batch-invariant            CUDA: tokens independent of the batch (default on; the CPU model always is)
 //
 //   DeviceFlags flags;  flags.add_to(*cmd);        // when the command is built
 //   SIESTA_TRY(flags.apply(engine_options));       // after parsing: checks and fills EngineOptions
@@ -23,7 +23,7 @@ struct DeviceFlags {
   std::string device = "cpu";
   double gpu_memory_utilization = kDefaultGpuMemoryUtilization;
   std::string kv_cache_memory;
-  bool batch_invariant = false;
+  bool batch_invariant = true;
   CLI::Option* utilization_option = nullptr;
   CLI::Option* kv_bytes_option = nullptr;
 

@@ -77,9 +77,11 @@ struct EngineOptions {
   // when set, take precedence.
   double gpu_memory_utilization = kDefaultGpuMemoryUtilization;
   // --device cuda: a request's tokens do not depend on what else is batched
-  // with it (fixed-order GEMMs; slower). The CPU model is batch-invariant
-  // always.
-  bool batch_invariant = false;
+  // with it, nor on how its prompt was chunked (fixed-order GEMMs and one
+  // attention arithmetic per row). Off (--no-batch-invariant): cuBLASLt and
+  // split-KV decode attention, faster at some shapes, rounding that changes
+  // with the batch. The CPU model is batch-invariant always.
+  bool batch_invariant = true;
   // --device cuda: tokens are chosen on the device and only they come back
   // (run_step). Off: every row of logits comes back and the host sampler
   // picks; the tokens are the same either way (for comparing the two).

@@ -1,5 +1,5 @@
 """--device cuda through the siesta CLI on the GPU machine (scripts/device-check, stage cli):
-generate (default and --batch-invariant; a KV budget too small is a one-line error), then serve with
+generate (default, batch-invariant, and --no-batch-invariant; a KV budget too small is a one-line error), then serve with
 --enable-sleep-mode and the KV cache sized by --gpu-memory-utilization: greedy completions before,
 after sleep level 1 + wake and after sleep level 2 + wake are identical, and /memory shows the
 pool released while asleep.   python3 cli_cuda_smoke.py SIESTA_BIN MODEL_DIR [cpu]
@@ -35,7 +35,9 @@ check(f"generate --device {device}", rc == 0 and len(json.loads(out)["token_ids"
 rc2, out2, err2 = run(gen)
 check(f"generate --device {device} is repeatable", rc2 == 0 and out2 == out, err2.strip()[-300:])
 rc, out3, err = run(gen + ["--batch-invariant"])
-check(f"generate --device {device} --batch-invariant", rc == 0 and len(json.loads(out3)["token_ids"]) == 16,
+check(f"generate --device {device} --batch-invariant is the default", rc == 0 and out3 == out, err.strip()[-300:])
+rc, out4, err = run(gen + ["--no-batch-invariant"])
+check(f"generate --device {device} --no-batch-invariant", rc == 0 and len(json.loads(out4)["token_ids"]) == 16,
       err.strip()[-300:])
 rc, _, err = run(gen + ["--kv-cache-memory-bytes", "1K"])
 lines = [l for l in err.strip().splitlines() if l.strip()]

@@ -152,7 +152,7 @@ for name in ("rl_loop_0.6b_h200.json", "rl_loop_pd_0.6b_h200.json"):
                          " of freed", f"sleep {it['sleep_s']:.2f} s, wake {it['wake_weights_s'] + it['wake_kv_s']:.2f}"
                          f" s, = fresh engine: {it['equal_to_fresh_engine']}"))
 
-for shape in ("0.6b", "bi_0.6b", "8b"):  # bi_: the batch-invariant mode
+for shape in ("0.6b", "nbi_0.6b", "8b"):  # nbi_: --no-batch-invariant
     r = load(f"rl_rollout_{shape}_h200.json")
     if not r:
         continue
@@ -194,9 +194,9 @@ if b8 and "batch_invariant" in b8.get("modes", {}) and "default" in b8.get("mode
              for bs in sorted(inv.get("decode", {}), key=int) if bs in dflt.get("decode", {})]
     parts += [f"prefill {n} {dflt['prefill'][n]['ms'] / inv['prefill'][n]['ms']:.2f}"
               for n in sorted(inv.get("prefill", {}), key=int) if n in dflt.get("prefill", {})]
-    rows.append(("cuda_qwen3 8B, batch-invariant / default", ", ".join(parts), "speed ratio (goal >= 0.9)"))
+    rows.append(("cuda_qwen3 8B, batch-invariant / cuBLASLt path", ", ".join(parts), "speed ratio (goal >= 0.9)"))
 
-for mode, label in (("bi", "batch-invariant"), ("default", "default mode")):
+for mode, label in (("bi", "default flags (batch-invariant)"), ("nbi", "--no-batch-invariant")):
     r = load(f"invariance_{mode}_0.6b_h200.json")
     if r:
         c = r.get("counts") or {}

@@ -183,6 +183,11 @@ def cpu_flags_keep_the_cpu_output():
     rc, b, err = run(base + ["--device", "cpu", "--batch-invariant", "--kv-cache-memory-bytes", "64M"])
     assert rc == 0, err
     assert json.loads(a) == json.loads(b)
+    # The CPU model has one (batch-invariant) path: --no-batch-invariant, which allows results that vary
+    # with the batch, keeps it.
+    rc, c, err = run(base + ["--device", "cpu", "--no-batch-invariant"])
+    assert rc == 0, err
+    assert json.loads(a) == json.loads(c)
 
 
 for fn in (tokenize_matches_hf, tokenize_reads_stdin, generate_matches_hf_greedy, generate_from_ids_equals_from_text,

@@ -746,11 +746,13 @@ TEST_F(CudaKernels, FixedGemmWgmmaGivesTheMmaKernelsBitsForEveryTileAndSplit) {
             EXPECT_TRUE(d_got.download() == ref) << what;
           }
         }
-        // The TMA kernel (128 x 128 tiles, walked in groups of tile rows; a partial last group at M 1031),
-        // at every split.
-        for (int splits : {1, 2, 4, 8}) {
+        // The TMA kernel (128 x 128 and 128 x 64 tiles, walked in groups of tile rows; a partial last group
+        // at M 1031), at every split.
+        for (int tile_splits : {1281, 1282, 1284, 1288, 641, 642, 644, 648}) {
+          const int tile_n = tile_splits / 10, splits = tile_splits % 10;
           FixedGemmOptions tma;
           tma.kernel = 3;
+          tma.tile_n = tile_n;
           tma.splits = splits;
           tma.workspace = d_ws.get();
           tma.workspace_bytes = static_cast<size_t>(kProjectionSegments) * 1031 * 1032 * sizeof(float);
@@ -758,7 +760,7 @@ TEST_F(CudaKernels, FixedGemmWgmmaGivesTheMmaKernelsBitsForEveryTileAndSplit) {
           CUDA_OK(launch_fixed_gemm(B(d_a), B(d_w), d_got.get(), f32, M, N, K, nullptr, tma));
           CUDA_OK(cudaDeviceSynchronize());
           EXPECT_TRUE(d_got.download() == ref) << "N " << N << " K " << K << " M " << M << (f32 ? " f32" : " bf16")
-                                               << " tma splits " << splits;
+                                               << " tma 128x" << tile_n << " splits " << splits;
         }
       }
     }
@@ -769,6 +771,50 @@ TEST_F(CudaKernels, FixedGemmWgmmaGivesTheMmaKernelsBitsForEveryTileAndSplit) {
   FixedGemmOptions o;
   o.splits = 4;
   EXPECT_EQ(launch_fixed_gemm(B(d_a), B(d_w), d_y.get(), true, 1, 64, 1024, nullptr, o), cudaErrorInvalidValue);
+}
+
+// The TMA kernel is persistent: with more work units than SMs each CTA walks
+// several tiles (and, split, several units of a tile's segments), carrying its
+// accumulators from one unit to the next. Every element still gets the
+// mma.sync kernel's bits, including when a CTA's count of segments is odd.
+TEST_F(CudaKernels, FixedGemmTmaKernelWalkingManyTilesPerSmGivesTheMmaKernelsBits) {
+  if (!fixed_gemm_wgmma_supported(1024, 1024)) GTEST_SKIP() << "built without sm_90a";
+  int sms = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  for (auto [M, N, K] : {std::tuple{1031, 4096, 1024}, std::tuple{4100, 1024, 3072}, std::tuple{2000, 6144, 1024}}) {
+    ASSERT_GT(((M + 127) / 128) * (N / 128), sms) << "the case must give some CTA two tiles";
+    auto w = random_bf16(static_cast<size_t>(N) * K, rng, 0.05f);
+    auto a = random_bf16(static_cast<size_t>(M) * K, rng);
+    Bf16Array d_w(w.size()), d_a(a.size());
+    d_w.upload(w);
+    d_a.upload(a);
+    const size_t ws_bytes = static_cast<size_t>(kProjectionSegments) * M * N * sizeof(float);
+    DeviceArray<uint8_t> d_ws(ws_bytes);
+    for (bool f32 : {true, false}) {
+      const size_t bytes = static_cast<size_t>(M) * N * (f32 ? 4 : 2);
+      DeviceArray<uint8_t> d_ref(bytes), d_got(bytes);
+      FixedGemmOptions mma;
+      mma.kernel = 1;
+      CUDA_OK(launch_fixed_gemm(B(d_a), B(d_w), d_ref.get(), f32, M, N, K, nullptr, mma));
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto ref = d_ref.download();
+      for (int tile_splits : {1281, 1282, 1288, 641, 648}) {
+        const int tile_n = tile_splits / 10, splits = tile_splits % 10;
+        FixedGemmOptions tma;
+        tma.kernel = 3;
+        tma.tile_n = tile_n;
+        tma.splits = splits;
+        tma.workspace = d_ws.get();
+        tma.workspace_bytes = ws_bytes;
+        CUDA_OK(cudaMemset(d_got.get(), 0xff, bytes));
+        CUDA_OK(launch_fixed_gemm(B(d_a), B(d_w), d_got.get(), f32, M, N, K, nullptr, tma));
+        CUDA_OK(cudaDeviceSynchronize());
+        EXPECT_TRUE(d_got.download() == ref)
+            << "M " << M << " N " << N << " K " << K << (f32 ? " f32" : " bf16") << " tma 128x" << tile_n << " splits "
+            << splits;
+      }
+    }
+  }
 }
 
 // A paged cache with scrambled block tables, random K/V, for attention tests.

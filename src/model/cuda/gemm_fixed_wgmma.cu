@@ -221,16 +221,24 @@ cudaError_t launch_combine(const float* partial, void* out, bool out_f32, int M,
 // in 128-byte-swizzled rows, into a kTmaStages ring that runs on across
 // tiles; the copies signal a stage's `full` barrier as their bytes land, and
 // the two multiplying warpgroups (64 rows each) signal its `empty` barrier
-// once the wgmmas that read it are done, so the next tile's copies are in
-// flight while a tile's last products are folded and stored. Each element's
-// arithmetic is the kernel above's: per segment one chain from zero, folded
-// into the total (after waiting for it) at the segment's end. Tiles are
+// once the wgmmas that read it are done. Each element's arithmetic is the
+// kernel above's: per segment one chain from zero, folded into the total at
+// the segment's end. The multiplying warpgroups keep two accumulator sets
+// beside the totals (registers the loading warpgroup gives up) and take them
+// in turn by segment: a segment's first wgmmas are issued before the previous
+// segment's sum is folded, and a tile's total is stored while the next tile's
+// first wgmmas run, so neither waits with the tensor cores idle. Tiles are
 // walked in groups of kTmaGroupM tile rows, so the CTAs running together
 // share A and weight rows in L2. Split (`splits` work units per tile, each
 // over an equal share of the segments): each segment's sum goes to the
 // workspace, as the kernel above's split stores it.
 constexpr int kTmaStages = 6;
 constexpr int kTmaGroupM = 8;
+// Registers per thread of the loading and of the multiplying warpgroups (of the
+// 65536 an SM has; the launch gives each of the 384 threads 168).
+constexpr int kTmaLoadRegs = 40;
+constexpr int kTmaMathRegs = 232;
+static_assert(128 * kTmaLoadRegs + 256 * kTmaMathRegs <= 65536, "the register file");
 template <int BN>
 constexpr uint32_t tma_stage_bytes() {
   return static_cast<uint32_t>((128 + BN) * kBK * sizeof(bf16));
@@ -288,6 +296,9 @@ __global__ __launch_bounds__(384, 1) void fixed_gemm_tma_kernel(const __grid_con
   __syncthreads();
 
   if (wg == 0) {
+    // The loading warpgroup gives registers to the multiplying ones (which hold
+    // three accumulator sets: 192 of them).
+    dev::set_max_registers_dec<kTmaLoadRegs>();
     if (tid != 0) return;
     int i = 0;  // K tiles loaded, over every unit: the ring's position
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
@@ -303,53 +314,87 @@ __global__ __launch_bounds__(384, 1) void fixed_gemm_tma_kernel(const __grid_con
     }
     return;
   }
+  dev::set_max_registers_inc<kTmaMathRegs>();
 
+  // The segments this CTA multiplies, j = 0, 1, ...: segment seg0 + j % segs of
+  // unit blockIdx.x + (j / segs) gridDim.x. Segment j runs on accumulator set
+  // j % 2; segment j - 1's set is folded (or, split, stored) once segment j's
+  // first wgmmas are issued, and a unit's total is stored then too, so the
+  // tensor cores have work while the fold and the stores run.
   const int cw = wg - 1;  // this multiplying warpgroup's 64 rows
-  int i = 0;              // K tiles taken, over every unit
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const TmaUnit w = tma_unit<BN>(u, splits, segs, M, N);
-    float acc[kAcc];
-    [[maybe_unused]] float tot[kSplit ? 1 : kAcc];
+  const int my_units = static_cast<int>(blockIdx.x) < units ? (units - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int total = my_units * segs;
+  float acc0[kAcc], acc1[kAcc];
+  [[maybe_unused]] float tot[kSplit ? 1 : kAcc];
 #pragma unroll
-    for (int e = 0; e < kAcc; ++e) acc[e] = 0.0f;
-    if constexpr (!kSplit) {
+  for (int e = 0; e < kAcc; ++e) acc0[e] = acc1[e] = 0.0f;
+  if constexpr (!kSplit) {
 #pragma unroll
-      for (int e = 0; e < kAcc; ++e) tot[e] = 0.0f;
-    }
-    int pending = -1;  // the stage whose wgmmas may still run
-#pragma unroll 1
-    for (int seg = w.seg0; seg < w.seg0 + segs; ++seg) {
-#pragma unroll 1
-      for (int t = 0; t < seg_tiles; ++t, ++i) {
-        const int s = i % kTmaStages;
-        dev::mbar_wait(&full[s], (i / kTmaStages) & 1);
-        const uint32_t stage = smem_base + s * tma_stage_bytes<BN>();
-        const uint32_t a_smem = stage + cw * 64 * 128, b_smem = stage + 128 * 128;
-        dev::wgmma_hold(acc);
-        dev::wgmma_fence();
-        // The segment's chain starts from zero (as in the kernel above).
+    for (int e = 0; e < kAcc; ++e) tot[e] = 0.0f;
+  }
+  // Segment j's sum, complete in `done`: into the unit's total (stored after the
+  // unit's last segment), or, split, into the workspace.
+  auto finish = [&](float (&done)[kAcc], int j) {
+    const TmaUnit w = tma_unit<BN>(blockIdx.x + (j / segs) * gridDim.x, splits, segs, M, N);
+    if constexpr (kSplit) {
+      store_tile<BN, 0>(done, partial + static_cast<size_t>(w.seg0 + j % segs) * M * N, M, N, w.bm0 + 64 * cw, w.bn0);
+    } else {
 #pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk)
-          wgmma_step<BN>(acc, dev::smem_desc128(a_smem + kk * 32, 16, 1024),
-                         dev::smem_desc128(b_smem + kk * 32, 16, 1024), kk == 0 && t == 0 ? 0 : 1);
-        dev::wgmma_commit();
-        dev::wgmma_hold(acc);
-        dev::wgmma_wait<1>();  // the previous tile's wgmmas are done: its stage is free
-        if (pending >= 0) dev::mbar_arrive(&empty[pending]);
-        pending = s;
-      }
-      dev::wgmma_wait<0>();
-      dev::wgmma_hold(acc);
-      dev::mbar_arrive(&empty[pending]);
-      pending = -1;
-      if constexpr (kSplit) {
-        store_tile<BN, 0>(acc, partial + static_cast<size_t>(seg) * M * N, M, N, w.bm0 + 64 * cw, w.bn0);
-      } else {
+      for (int e = 0; e < kAcc; ++e) tot[e] += done[e];
+      if (j % segs == segs - 1) {
+        store_tile<BN, kOutF32 ? 1 : 2>(tot, out, M, N, w.bm0 + 64 * cw, w.bn0);
 #pragma unroll
-        for (int e = 0; e < kAcc; ++e) tot[e] += acc[e];
+        for (int e = 0; e < kAcc; ++e) tot[e] = 0.0f;
       }
     }
-    if constexpr (!kSplit) store_tile<BN, kOutF32 ? 1 : 2>(tot, out, M, N, w.bm0 + 64 * cw, w.bn0);
+  };
+  int i = 0;             // K tiles taken, over every unit: the ring's position
+  int pending = -1;      // the stage whose wgmmas may still run
+  auto run = [&](float (&cur)[kAcc], float (&prev)[kAcc], int j) {
+#pragma unroll 1
+    for (int t = 0; t < seg_tiles; ++t, ++i) {
+      const int s = i % kTmaStages;
+      dev::mbar_wait(&full[s], (i / kTmaStages) & 1);
+      const uint32_t stage = smem_base + s * tma_stage_bytes<BN>();
+      const uint32_t a_smem = stage + cw * 64 * 128, b_smem = stage + 128 * 128;
+      dev::wgmma_hold(cur);
+      dev::wgmma_fence();
+      // The segment's chain starts from zero (as in the kernel above).
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk)
+        wgmma_step<BN>(cur, dev::smem_desc128(a_smem + kk * 32, 16, 1024),
+                       dev::smem_desc128(b_smem + kk * 32, 16, 1024), kk == 0 && t == 0 ? 0 : 1);
+      dev::wgmma_commit();
+      dev::wgmma_hold(cur);
+      dev::wgmma_wait<1>();  // the previous tile's wgmmas are done: its stage is free
+      if (pending >= 0) dev::mbar_arrive(&empty[pending]);
+      pending = s;
+      if (t == 0 && j > 0) {  // segment j - 1's wgmmas were the previous tile's
+        dev::wgmma_hold(prev);
+        finish(prev, j - 1);
+      }
+    }
+  };
+  // The last segment: its wgmmas waited for, its stage freed, its sum folded.
+  auto drain = [&](float (&last)[kAcc], int j) {
+    dev::wgmma_wait<0>();
+    dev::wgmma_hold(last);
+    dev::mbar_arrive(&empty[pending]);
+    finish(last, j);
+  };
+  if (total > 0) {
+    for (int j = 0;; j += 2) {
+      run(acc0, acc1, j);
+      if (j + 1 == total) {
+        drain(acc0, j);
+        break;
+      }
+      run(acc1, acc0, j + 1);
+      if (j + 2 == total) {
+        drain(acc1, j + 1);
+        break;
+      }
+    }
   }
 #endif
 }
@@ -394,9 +439,9 @@ cudaError_t launch_tma_variant(const CUtensorMap& a_map, const CUtensorMap& w_ma
                        splits);
 }
 
+template <int BN>
 cudaError_t launch_tma(const bf16* a, const bf16* w, void* out, bool out_f32, float* partial, int M, int N, int K,
                        int splits, const LaunchConfig& launch) {
-  constexpr int BN = 128;
   CUtensorMap a_map, w_map;
   if (!encode_rows(&a_map, a, M, K, 128) || !encode_rows(&w_map, w, N, K, BN)) return cudaErrorNotSupported;
   if (splits <= 1)
@@ -445,18 +490,30 @@ cudaError_t launch_fixed_gemm_wgmma(const bf16* a, const bf16* w, void* out, boo
   const bool have_workspace = opt.workspace != nullptr && opt.workspace_bytes >= need;
   // The warp-specialized TMA kernel, split by segments where its 128 x 128
   // tiles fill at most half the SMs and K is long enough to pay for the
-  // partial sums' round trip (cuda_gemm_bench on the H200:
+  // partial sums' round trip; unsplit, 128 x 64 tiles where their waves take
+  // less time than the 128 x 128 tiles' (a 128 x 64 tile taking about
+  // kNarrowTileCost of a 128 x 128 one), e.g. where 128 x 128 tiles leave
+  // most of a last wave idle (cuda_gemm_bench on the H200:
   // bench/results/cuda_gemm_h200.json).
   if (opt.kernel == 3 || (opt.kernel == 0 && opt.tile_m == 0 && opt.tile_n == 0 && opt.splits == 0)) {
+    constexpr double kNarrowTileCost = 0.6;
+    int bn = opt.kernel == 3 ? opt.tile_n : 0;
     int splits = opt.splits;
     if (splits == 0) {
       splits = 1;
-      if (K >= 2048 && 2 * tiles(128, 128) <= sms)
+      if (K >= 2048 && 2 * tiles(128, 128) <= sms && bn != 64)
         while (splits < kProjectionSegments && tiles(128, 128) * splits < sms) splits *= 2;
       if (!have_workspace) splits = 1;
     }
-    if (kProjectionSegments % splits != 0 || (splits > 1 && !have_workspace)) return cudaErrorInvalidValue;
-    const cudaError_t err = launch_tma(a, w, out, out_f32, static_cast<float*>(opt.workspace), M, N, K, splits, launch);
+    if (bn == 0) {
+      auto waves = [&](int n) { return static_cast<double>((tiles(128, n) * splits + sms - 1) / sms); };
+      bn = splits == 1 && kNarrowTileCost * waves(64) < waves(128) ? 64 : 128;
+    }
+    if (kProjectionSegments % splits != 0 || (splits > 1 && !have_workspace) || (bn != 64 && bn != 128))
+      return cudaErrorInvalidValue;
+    float* const partial = static_cast<float*>(opt.workspace);
+    const cudaError_t err = bn == 64 ? launch_tma<64>(a, w, out, out_f32, partial, M, N, K, splits, launch)
+                                     : launch_tma<128>(a, w, out, out_f32, partial, M, N, K, splits, launch);
     if (err != cudaErrorNotSupported || opt.kernel == 3) return err;
   }
   int bn = opt.tile_n, bm = opt.tile_m;

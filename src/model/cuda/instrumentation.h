@@ -48,8 +48,9 @@ struct InstrumentationOptions {
   // (staged in shared memory, on tensor cores, for passes of up to 8 decode sequences).
   int decode_partition_tokens = 0;
   // Passes of up to this many tokens take the GEMV kernel (kernels.h: launch_gemv, at most
-  // kGemvMaxRows) for their projections instead of cuBLASLt; -1: kGemvMaxRows. Results differ
-  // between the two by rounding.
+  // kGemvMaxRows) for their projections instead of cuBLASLt; -1: as many as the GEMV's shared
+  // memory takes at every projection's K (8 for the 0.6B shape, 3 for the 8B). Results differ
+  // between the two by rounding (not in batch-invariant mode: the canonical GEMV).
   int gemv_max_rows = -1;
   // Time each kernel group with CUDA events between eager launches (no graphs);
   // read with profile(). For finding where time goes, not for speed.

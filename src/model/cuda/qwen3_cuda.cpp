@@ -105,7 +105,11 @@ struct CudaQwen3::Impl {
   std::unique_ptr<cuda::Instrumentation> instr;
 
   std::unique_ptr<cuda::CublasLtGemm> gemm;
-  bool gemv_ok = false;
+  // Passes of up to this many tokens take the GEMV for every projection: the
+  // most rows whose staged inputs fit its shared memory at every projection's K
+  // (kGemvMaxRows for the 0.6B and 1.7B shapes; 3 for the 8B, whose down
+  // projection stages rows of 12288); 0 where not even one row fits.
+  int gemv_rows = 0;
   // Decode steps of up to kStagedDecodeBatch sequences stage their partitions
   // (partition_tokens()), where the device's shared memory allows.
   bool staged_ok = false;
@@ -164,10 +168,9 @@ struct CudaQwen3::Impl {
   }
   static constexpr int kStagedDecodeBatch = cuda::kGemvMaxRows;
   bool use_gemv(int T) const {
-    const int rows = opt.instrumentation.gemv_max_rows < 0
-                         ? cuda::kGemvMaxRows
-                         : std::min(opt.instrumentation.gemv_max_rows, cuda::kGemvMaxRows);
-    return gemv_ok && T <= rows;
+    const int rows = opt.instrumentation.gemv_max_rows < 0 ? gemv_rows
+                                                           : std::min(opt.instrumentation.gemv_max_rows, gemv_rows);
+    return T <= rows;
   }
   // Batch-invariant mode takes the canonical GEMV: the fixed GEMM's bits.
   cuda::GemvArgs gemv_args(cuda::GemvArgs g) const {
@@ -621,9 +624,11 @@ Result<std::unique_ptr<CudaQwen3>> CudaQwen3::create(const ModelConfig& cfg, con
   if (impl->opt.max_model_len <= 0)
     impl->opt.max_model_len = std::min(cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 32768, 32768);
   impl->staged_ok = cuda::decode_staged_partitions_supported(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-  impl->gemv_ok = cuda::gemv_supported(1, H) && cuda::gemv_supported(1, cfg.q_dim()) &&
-                  cuda::gemv_supported(cuda::kGemvMaxRows, I) && cuda::gemv_supported(cuda::kGemvMaxRows, H) &&
-                  cuda::gemv_supported(cuda::kGemvMaxRows, cfg.q_dim());
+  for (int rows = 1; rows <= cuda::kGemvMaxRows; ++rows)
+    if (cuda::gemv_supported(rows, H) && cuda::gemv_supported(rows, cfg.q_dim()) && cuda::gemv_supported(rows, I))
+      impl->gemv_rows = rows;
+    else
+      break;
   if (options.batch_invariant &&
       !(cuda::fixed_gemm_supported(impl->qkv_cols(), H) && cuda::fixed_gemm_supported(cfg.vocab_size, H)))
     return invalid_argument("CUDA model: batch-invariant mode needs vocab_size and q/k/v widths divisible by 8");

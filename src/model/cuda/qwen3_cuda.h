@@ -68,7 +68,7 @@ struct CudaModelOptions {
   int max_batch_tokens = 8192;  // tokens per pass: sizes the activation buffers
   int max_seqs = 256;           // sequences per pass
   int max_model_len = 0;        // longest context; 0: min(config max_position_embeddings, 32768)
-  bool batch_invariant = false;
+  bool batch_invariant = true;  // false: cuBLASLt and split-KV decode attention (results change with the batch)
   bool cuda_graphs = true;
   int max_graph_batch = 256;    // decode steps of up to this many sequences replay graphs
   // Let each kernel start while its predecessor finishes (programmatic

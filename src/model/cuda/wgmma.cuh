@@ -40,6 +40,20 @@ __device__ __forceinline__ uint64_t smem_desc128(uint32_t smem, uint32_t leading
          (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (1ull << 62);
 }
 
+// Warp specialization: a warpgroup lowers (dec) or raises (inc) the registers
+// per thread it holds, every thread of the warpgroup together; an inc waits
+// until others' dec left enough in the SM's register file.
+template <int kRegs>
+__device__ __forceinline__ void set_max_registers_dec() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void set_max_registers_inc() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
 // Orders this thread's register writes before later wgmmas read them.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
