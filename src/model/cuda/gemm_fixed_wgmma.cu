@@ -488,26 +488,32 @@ cudaError_t launch_fixed_gemm_wgmma(const bf16* a, const bf16* w, void* out, boo
   auto tiles = [&](int bm, int bn) { return static_cast<long>((M + bm - 1) / bm) * ((N + bn - 1) / bn); };
   const size_t need = static_cast<size_t>(kProjectionSegments) * M * N * sizeof(float);
   const bool have_workspace = opt.workspace != nullptr && opt.workspace_bytes >= need;
-  // The warp-specialized TMA kernel, split by segments where its 128 x 128
-  // tiles fill at most half the SMs and K is long enough to pay for the
-  // partial sums' round trip; unsplit, 128 x 64 tiles where their waves take
-  // less time than the 128 x 128 tiles' (a 128 x 64 tile taking about
-  // kNarrowTileCost of a 128 x 128 one), e.g. where 128 x 128 tiles leave
-  // most of a last wave idle (cuda_gemm_bench on the H200:
-  // bench/results/cuda_gemm_h200.json).
+  // The warp-specialized TMA kernel (cuda_gemm_bench on the H200:
+  // bench/results/cuda_gemm_h200.json, 2026-12-03):
+  //  - split by segments where its 128 x 128 tiles fill at most half the SMs
+  //    and K is long enough to pay for the partial sums' round trip, unless
+  //    (more than 64 rows) those partial sums, all 8 segments' in fp32, would
+  //    be more than 16 MiB and half the weights' bytes;
+  //  - unsplit, 128 x 64 tiles (more than 64 rows) where their waves take less
+  //    time than the 128 x 128 tiles', a 128 x 64 tile costing kNarrowTileCost
+  //    of a 128 x 128 one. At 64 rows or fewer a CTA's loads, not its
+  //    products, set its pace, and a narrower tile is no faster.
   if (opt.kernel == 3 || (opt.kernel == 0 && opt.tile_m == 0 && opt.tile_n == 0 && opt.splits == 0)) {
-    constexpr double kNarrowTileCost = 0.6;
+    constexpr double kNarrowTileCost = 0.75;
     int bn = opt.kernel == 3 ? opt.tile_n : 0;
     int splits = opt.splits;
     if (splits == 0) {
       splits = 1;
-      if (K >= 2048 && 2 * tiles(128, 128) <= sms && bn != 64)
+      const double partial_bytes = static_cast<double>(kProjectionSegments) * M * N * sizeof(float) * 2;
+      const double weight_bytes = 2.0 * N * K;
+      const bool partials_cheap = M <= 64 || partial_bytes <= std::max(16.0 * 1048576.0, weight_bytes / 2);
+      if (K >= 2048 && 2 * tiles(128, 128) <= sms && bn != 64 && partials_cheap)
         while (splits < kProjectionSegments && tiles(128, 128) * splits < sms) splits *= 2;
       if (!have_workspace) splits = 1;
     }
     if (bn == 0) {
       auto waves = [&](int n) { return static_cast<double>((tiles(128, n) * splits + sms - 1) / sms); };
-      bn = splits == 1 && kNarrowTileCost * waves(64) < waves(128) ? 64 : 128;
+      bn = splits == 1 && M > 64 && kNarrowTileCost * waves(64) < waves(128) ? 64 : 128;
     }
     if (kProjectionSegments % splits != 0 || (splits > 1 && !have_workspace) || (bn != 64 && bn != 128))
       return cudaErrorInvalidValue;
