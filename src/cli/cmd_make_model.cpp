@@ -1,5 +1,7 @@
-// siesta make-model --shape tiny|qwen3-0.6b|qwen3-8b --out DIR [--seed S] [--tokenizer FILE]
+// siesta make-model --shape tiny|qwen3-0.6b|qwen3-1.7b|qwen3-4b|qwen3-8b|qwen3-14b|qwen3-32b --out DIR
+//                   [--seed S] [--layers N] [--tokenizer FILE]
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -17,13 +19,15 @@ namespace fs = std::filesystem;
 
 constexpr const char* kHelp = R"(Write a random-weight Qwen3 checkpoint in the Hugging Face layout (bf16).
 
-Shapes: tiny (the shape of models/tiny-qwen3, 8 MB), qwen3-0.6b (1.2 GB),
-qwen3-8b (16.4 GB, in 4 GiB shards with model.safetensors.index.json).
+Shapes: tiny (the shape of models/tiny-qwen3, 8 MB), and the Qwen/Qwen3 dense models':
+qwen3-0.6b (1.2 GB), qwen3-1.7b (3.4 GB), qwen3-4b (8.0 GB), qwen3-8b (16.4 GB),
+qwen3-14b (29.5 GB; GQA group 5), qwen3-32b (65.5 GB); past 4 GiB in shards with
+model.safetensors.index.json. --layers N keeps the shape's widths with N decoder layers.
 The same --seed always gives the same weights.
 
 Tokenizer, unless --tokenizer FILE names a tokenizer.json:
-  qwen3-0.6b, qwen3-8b: $SIESTA_ASSETS/qwen3-tokenizer/tokenizer.json
-                        ($SIESTA_ASSETS defaults to ~/.cache/siesta/assets)
+  qwen3-*: $SIESTA_ASSETS/qwen3-tokenizer/tokenizer.json
+           ($SIESTA_ASSETS defaults to ~/.cache/siesta/assets)
   tiny: models/tiny-qwen3/tokenizer.json of the source tree, found by looking in
         the directories above the siesta executable, then above the current directory.
 A tokenizer_config.json next to the tokenizer.json is copied too.)";
@@ -73,18 +77,29 @@ void add_make_model_command(CLI::App& app) {
     std::string shape;
     std::string out;
     uint64_t seed = 0;
+    int layers = 0;
     std::string tokenizer;
   };
   auto opt = std::make_shared<Options>();
   cmd->add_option("--shape", opt->shape, "Model shape")->required()->check(CLI::IsMember(model_shape_names()));
   cmd->add_option("--out", opt->out, "Output directory (must not exist, or be empty)")->required();
   cmd->add_option("--seed", opt->seed, "Seed of the weights")->capture_default_str();
+  cmd->add_option("--layers", opt->layers, "Decoder layers (default: the shape's)")
+      ->check([](const std::string& text) -> std::string {
+        try {
+          size_t used = 0;
+          if (std::stoi(text, &used) > 0 && used == text.size()) return {};
+        } catch (const std::exception&) {
+        }
+        return "expected a positive number of layers, got '" + text + "'";
+      });
   cmd->add_option("--tokenizer", opt->tokenizer, "tokenizer.json to copy (default: see below)");
   cmd->callback([opt] {
     MakeModelOptions o;
     o.shape = opt->shape;
     o.out_dir = opt->out;
     o.seed = opt->seed;
+    o.layers = opt->layers;
     if (!opt->tokenizer.empty()) {
       o.tokenizer = opt->tokenizer;
     } else {

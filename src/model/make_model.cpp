@@ -211,7 +211,9 @@ json generation_config(const ModelShape& shape) {
 
 }  // namespace
 
-std::vector<std::string> model_shape_names() { return {"tiny", "qwen3-0.6b", "qwen3-8b"}; }
+std::vector<std::string> model_shape_names() {
+  return {"tiny", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b"};
+}
 
 Result<ModelShape> model_shape(std::string_view name) {
   if (name == "tiny")  // the shape of models/tiny-qwen3
@@ -222,7 +224,8 @@ Result<ModelShape> model_shape(std::string_view name) {
                                  .tie_word_embeddings = true, .max_position_embeddings = 4096,
                                  .bos_token_id = 4093, .eos_token_ids = {4093}, .dtype = "bfloat16"},
                       .generation_eos_token_ids = {4093}};
-  // Qwen/Qwen3-0.6B and Qwen/Qwen3-8B: eos <|im_end|>; generation also stops at <|endoftext|>.
+  // The Qwen/Qwen3 dense models (their config.json): eos <|im_end|>; generation also stops at
+  // <|endoftext|>; head_dim 128 and 8 KV heads throughout.
   ModelShape qwen{.name = std::string(name),
                   .config = {.model_type = "qwen3", .vocab_size = 151936, .head_dim = 128, .rms_norm_eps = 1e-6,
                              .rope_theta = 1e6, .max_position_embeddings = 40960, .bos_token_id = 151643,
@@ -230,25 +233,24 @@ Result<ModelShape> model_shape(std::string_view name) {
                   .generation_eos_token_ids = {151645, 151643},
                   .pad_token_id = 151643};
   ModelConfig& c = qwen.config;
-  if (name == "qwen3-0.6b") {
-    c.hidden_size = 1024;
-    c.intermediate_size = 3072;
-    c.num_layers = 28;
-    c.num_heads = 16;
-    c.num_kv_heads = 8;
-    c.tie_word_embeddings = true;
+  c.num_kv_heads = 8;
+  auto dense = [&](int hidden, int intermediate, int layers, int heads, bool tied) {
+    c.hidden_size = hidden;
+    c.intermediate_size = intermediate;
+    c.num_layers = layers;
+    c.num_heads = heads;
+    c.tie_word_embeddings = tied;
     return qwen;
-  }
-  if (name == "qwen3-8b") {
-    c.hidden_size = 4096;
-    c.intermediate_size = 12288;
-    c.num_layers = 36;
-    c.num_heads = 32;
-    c.num_kv_heads = 8;
-    c.tie_word_embeddings = false;
-    return qwen;
-  }
-  return invalid_argument(fmt::format("unknown model shape \"{}\" (known: tiny, qwen3-0.6b, qwen3-8b)", name));
+  };
+  if (name == "qwen3-0.6b") return dense(1024, 3072, 28, 16, true);
+  if (name == "qwen3-1.7b") return dense(2048, 6144, 28, 16, true);
+  if (name == "qwen3-4b") return dense(2560, 9728, 36, 32, true);
+  if (name == "qwen3-8b") return dense(4096, 12288, 36, 32, false);
+  if (name == "qwen3-14b") return dense(5120, 17408, 40, 40, false);  // GQA group 5
+  if (name == "qwen3-32b") return dense(5120, 25600, 64, 64, false);
+  std::string known;
+  for (const std::string& n : model_shape_names()) known += (known.empty() ? "" : ", ") + n;
+  return invalid_argument(fmt::format("unknown model shape \"{}\" (known: {})", name, known));
 }
 
 std::vector<TensorSpec> qwen3_tensor_specs(const ModelConfig& cfg, DType dtype) {
@@ -276,6 +278,8 @@ std::vector<TensorSpec> qwen3_tensor_specs(const ModelConfig& cfg, DType dtype) 
 
 Result<void> make_model(const MakeModelOptions& opts) {
   SIESTA_ASSIGN_OR_RETURN(ModelShape shape, model_shape(opts.shape));
+  if (opts.layers < 0) return invalid_argument(fmt::format("layers must be positive, got {}", opts.layers));
+  if (opts.layers > 0) shape.config.num_layers = opts.layers;
   if (opts.out_dir.empty()) return invalid_argument("no output directory given");
   if (opts.tokenizer.empty()) return invalid_argument("no tokenizer.json given");
   if (opts.max_shard_bytes == 0) return invalid_argument("max_shard_bytes must be positive");

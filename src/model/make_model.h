@@ -34,7 +34,8 @@ struct ModelShape {
   int pad_token_id = -1;                        // -1: none
 };
 
-// "tiny" (the shape of models/tiny-qwen3), "qwen3-0.6b", "qwen3-8b".
+// "tiny" (the shape of models/tiny-qwen3), and the Qwen/Qwen3 dense models' shapes: "qwen3-0.6b",
+// "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b" (GQA group 5), "qwen3-32b".
 std::vector<std::string> model_shape_names();
 Result<ModelShape> model_shape(std::string_view name);
 
@@ -47,6 +48,7 @@ struct MakeModelOptions {
   std::string shape = "tiny";
   std::filesystem::path out_dir;   // must not exist, or be an empty directory
   uint64_t seed = 0;
+  int layers = 0;                   // > 0: this many decoder layers instead of the shape's (smaller tests)
   std::filesystem::path tokenizer;  // a tokenizer.json; a tokenizer_config.json beside it is copied too
   uint64_t max_shard_bytes = 4ull << 30;  // a file holds at most this much (one larger tensor gets its own)
   size_t threads = 0;                     // generator threads; 0 = every core, at least 2

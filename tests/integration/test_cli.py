@@ -139,6 +139,18 @@ def make_model_tiny_generates():
                       "--json"])
     assert rc == 0, err
     assert len(json.loads(a)["token_ids"]) == 8
+    # --layers: fewer decoder layers of the same widths; a non-positive count is a one-line error.
+    two = os.path.join(tmp, "made2")
+    rc, _, err = run([SIESTA, "make-model", "--shape", "tiny", "--out", two, "--layers", "2",
+                      "--tokenizer", os.path.join(MODEL, "tokenizer.json")])
+    assert rc == 0, err
+    with open(os.path.join(two, "config.json")) as f:
+        assert json.load(f)["num_hidden_layers"] == 2
+    rc, a, err = run([SIESTA, "generate", "--model", two, "--prompt", "hello", "--max-tokens", "4", "--ignore-eos",
+                      "--json"])
+    assert rc == 0, err
+    rc, _, err = run([SIESTA, "make-model", "--shape", "tiny", "--out", os.path.join(tmp, "made0"), "--layers", "0"])
+    expect_clean_error(rc, err, "--layers")
 
 
 def gpu_present():

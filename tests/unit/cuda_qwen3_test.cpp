@@ -130,12 +130,14 @@ std::vector<int32_t> greedy(CudaQwen3& m, const std::vector<int32_t>& prompt, in
 // A random checkpoint of the Qwen3-0.6B shape in `dir`. Its special tokens are
 // the real Qwen3 tokenizer's (scripts/setup fetches it; device-check points
 // SIESTA_ASSETS at its copy).
-void make_06b_model(const std::filesystem::path& dir, uint64_t seed) {
+// A random checkpoint of a make-model shape (layers > 0: that many decoder layers).
+void make_shape_model(const std::filesystem::path& dir, const std::string& shape, uint64_t seed, int layers = 0) {
   std::filesystem::remove_all(dir);
   MakeModelOptions mo;
-  mo.shape = "qwen3-0.6b";
+  mo.shape = shape;
   mo.out_dir = dir;
   mo.seed = seed;
+  mo.layers = layers;
   const char* assets = std::getenv("SIESTA_ASSETS");
   const char* home = std::getenv("HOME");
   mo.tokenizer = (assets && *assets ? std::filesystem::path(assets)
@@ -145,6 +147,7 @@ void make_06b_model(const std::filesystem::path& dir, uint64_t seed) {
   auto made = make_model(mo);
   ASSERT_TRUE(made) << made.error().message;
 }
+void make_06b_model(const std::filesystem::path& dir, uint64_t seed) { make_shape_model(dir, "qwen3-0.6b", seed); }
 
 class CudaQwen3Test : public ::testing::Test {
  protected:
@@ -629,6 +632,29 @@ TEST_F(CudaQwen3Test, BatchInvariantChunkInvarianceOnAWiderRandomModel) {
     auto prefill_path = CudaQwen3::load(dir, alloc_, opt);
     ASSERT_TRUE(prefill_path) << prefill_path.error().message;
     expect_decode_kernel_gives_the_prefill_paths_bits(**m, **prefill_path, "qwen3-0.6b shape");
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// The same on a GQA-group-5 shape: Qwen3-14B's widths (40 query heads over 8 KV heads, hidden 5120,
+// intermediate 17408, untied embeddings) with 2 decoder layers.
+TEST_F(CudaQwen3Test, BatchInvariantChunkInvarianceOnAGqaGroup5Model) {
+  const auto dir = std::filesystem::temp_directory_path() / ("siesta_cuda_gqa5_" + std::to_string(::getpid()));
+  make_shape_model(dir, "qwen3-14b", 23, 2);
+  if (HasFatalFailure()) return;
+  {
+    CudaModelOptions opt;
+    opt.batch_invariant = true;
+    opt.max_batch_tokens = 1024;
+    opt.max_model_len = 2048;
+    auto m = CudaQwen3::load(dir, alloc_, opt);
+    ASSERT_TRUE(m) << m.error().message;
+    ASSERT_EQ((*m)->config().num_heads / (*m)->config().num_kv_heads, 5);
+    expect_chunk_invariant(**m, "qwen3-14b shape, 2 layers");
+    opt.instrumentation.invariant_decode_as_prefill = true;
+    auto prefill_path = CudaQwen3::load(dir, alloc_, opt);
+    ASSERT_TRUE(prefill_path) << prefill_path.error().message;
+    expect_decode_kernel_gives_the_prefill_paths_bits(**m, **prefill_path, "qwen3-14b shape, 2 layers");
   }
   std::filesystem::remove_all(dir);
 }

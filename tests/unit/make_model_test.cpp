@@ -223,9 +223,65 @@ TEST(MakeModel, NamedShapes) {
   EXPECT_EQ(bytes, 16381470720u);  // Qwen/Qwen3-8B's total_size
   EXPECT_EQ(qwen3_tensor_specs(small->config).size(), 1u + 28 * 11 + 1);
 
+  // The other dense Qwen3 shapes: parameters as their model cards give them (total, non-embedding, in
+  // billions to one decimal), tied embeddings up to 4B, GQA group 5 at 14B.
+  struct Card {
+    const char* name;
+    double total, non_embedding;
+    bool tied;
+    int group;
+  };
+  for (const Card& card : {Card{"qwen3-0.6b", 0.6, 0.44, true, 2}, Card{"qwen3-1.7b", 1.7, 1.4, true, 2},
+                           Card{"qwen3-4b", 4.0, 3.6, true, 4}, Card{"qwen3-8b", 8.2, 6.95, false, 4},
+                           Card{"qwen3-14b", 14.8, 13.2, false, 5}, Card{"qwen3-32b", 32.8, 31.2, false, 8}}) {
+    auto shape = model_shape(card.name);
+    ASSERT_TRUE(shape) << card.name;
+    const ModelConfig& c = shape->config;
+    uint64_t numel = 0, embedding = 0;
+    for (const auto& s : qwen3_tensor_specs(c)) {
+      uint64_t n = 1;
+      for (int64_t d : s.shape) n *= static_cast<uint64_t>(d);
+      numel += n;
+      if (s.name == "model.embed_tokens.weight" || s.name == "lm_head.weight") embedding += n;
+    }
+    const double digits = card.non_embedding == 6.95 || card.non_embedding == 0.44 ? 100 : 10;
+    EXPECT_NEAR(numel / 1e9, card.total, 0.05) << card.name;
+    EXPECT_EQ(std::round((numel - embedding) / 1e9 * digits) / digits, card.non_embedding) << card.name;
+    EXPECT_EQ(c.tie_word_embeddings, card.tied) << card.name;
+    EXPECT_EQ(c.num_heads / c.num_kv_heads, card.group) << card.name;
+    EXPECT_EQ(c.head_dim, 128) << card.name;
+  }
+
   auto bogus = model_shape("qwen3-72b");
   ASSERT_FALSE(bogus);
   EXPECT_THAT(bogus.error().message, HasSubstr("qwen3-0.6b"));
+  EXPECT_THAT(bogus.error().message, HasSubstr("qwen3-14b"));
+}
+
+// --layers: the shape's widths, fewer decoder layers.
+TEST(MakeModel, LayersOverrideKeepsTheWidths) {
+  TempDir tmp;
+  MakeModelOptions o = tiny_options(tmp.path() / "two", 3);
+  o.layers = 2;
+  ASSERT_TRUE(make_model(o));
+  auto cfg = ModelConfig::load(tmp.path() / "two");
+  ASSERT_TRUE(cfg) << cfg.error().message;
+  ModelConfig want = model_shape("tiny")->config;
+  want.num_layers = 2;
+  EXPECT_EQ(*cfg, want);
+  auto store = TensorStore::open(tmp.path() / "two");
+  ASSERT_TRUE(store) << store.error().message;
+  std::vector<std::string> names;
+  for (const TensorSpec& spec : qwen3_tensor_specs(want)) names.push_back(spec.name);
+  std::sort(names.begin(), names.end());
+  auto have = store->names();
+  std::sort(have.begin(), have.end());
+  EXPECT_EQ(have, names);
+  o = tiny_options(tmp.path() / "bad", 3);
+  o.layers = -1;
+  auto bad = make_model(o);
+  ASSERT_FALSE(bad);
+  EXPECT_THAT(bad.error().message, HasSubstr("layers"));
 }
 
 // The command line: defaults find the source tree's tiny tokenizer; errors are one line, exit 1.
