@@ -82,4 +82,23 @@ Result<TensorShard> tensor_shard(const TensorParallelLayout& l, const ModelConfi
   return invalid_argument(fmt::format("tensor parallelism: '{}' is not a tensor of this Qwen3 model", name));
 }
 
+std::vector<KvHeadPiece> kv_head_pieces(const TensorParallelLayout& p, const TensorParallelLayout& d, int d_rank) {
+  std::vector<KvHeadPiece> pieces;
+  if (d_rank < 0 || d_rank >= d.tp) return pieces;
+  const int first = d.kv_head_begin(d_rank);
+  for (int h = first; h < first + d.kv_heads; ++h) {
+    // The P ranks that hold head h: replica group h / p.kv_heads, p.kv_replicas ranks from its first.
+    const int group = h / p.kv_heads;
+    const int p_rank = group * p.kv_replicas + d_rank % p.kv_replicas;
+    const int p_local = h - p.kv_head_begin(p_rank), d_local = h - first;
+    KvHeadPiece* last = pieces.empty() ? nullptr : &pieces.back();
+    if (last != nullptr && last->p_rank == p_rank && last->p_local + last->count == p_local &&
+        last->d_local + last->count == d_local)
+      ++last->count;
+    else
+      pieces.push_back({p_rank, h, 1, p_local, d_local});
+  }
+  return pieces;
+}
+
 }  // namespace siesta

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 #include "model/config.h"
@@ -44,5 +45,21 @@ struct TensorShard {
 };
 Result<TensorShard> tensor_shard(const TensorParallelLayout& layout, const ModelConfig& cfg, std::string_view name,
                                  int rank);
+
+// P/D between TP groups: the KV heads decode rank d_rank owns, as pieces to
+// pull from prefill ranks. Piece i: `count` consecutive KV heads from global
+// head `head`, held by P rank p_rank at its local head p_local (the head's
+// index in that rank's cache), landing at the D rank's local head d_local.
+// Together the pieces cover each KV head of the D rank exactly once. Where P
+// replicates a head on several ranks, D ranks take the replicas in turn
+// (d_rank's share of the copies), so no P rank serves every D rank alone.
+struct KvHeadPiece {
+  int p_rank = 0;
+  int head = 0;
+  int count = 0;
+  int p_local = 0;
+  int d_local = 0;
+};
+std::vector<KvHeadPiece> kv_head_pieces(const TensorParallelLayout& p, const TensorParallelLayout& d, int d_rank);
 
 }  // namespace siesta

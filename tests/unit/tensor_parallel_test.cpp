@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -117,6 +118,78 @@ TEST(TensorParallel, KvHeadsAreSplitThenReplicated) {
   ASSERT_TRUE(one);
   EXPECT_EQ(one->kv_heads, 8);
   EXPECT_EQ(one->kv_head_begin(0), 0);
+}
+
+// P/D between TP groups: every D rank gets each KV head it owns exactly once, from a P rank that
+// holds it, at that rank's local index, in as few contiguous pieces as the two layouts allow; P's
+// replicas of a head are shared out among the D ranks that need it.
+TEST(TensorParallel, KvHeadPiecesGiveEachDecodeRankItsHeadsOnceFromAHolder) {
+  for (const ModelConfig* cfg : {&kQwen3_06b, &kQwen3_8b, &kGroup5}) {
+    std::vector<int> sizes;
+    for (int tp = 1; tp <= 32; tp *= 2)
+      if (plan_tensor_parallel(*cfg, tp)) sizes.push_back(tp);
+    for (int ptp : sizes)
+      for (int dtp : sizes) {
+        const auto p = *plan_tensor_parallel(*cfg, ptp), d = *plan_tensor_parallel(*cfg, dtp);
+        const std::string what = "P TP " + std::to_string(ptp) + ", D TP " + std::to_string(dtp) + ", " +
+                                 std::to_string(cfg->num_heads) + " heads";
+        std::map<std::pair<int, int>, int> served;  // (P rank, head) -> D ranks served
+        for (int r = 0; r < dtp; ++r) {
+          const auto pieces = kv_head_pieces(p, d, r);
+          std::vector<int> got;
+          for (size_t i = 0; i < pieces.size(); ++i) {
+            const KvHeadPiece& x = pieces[i];
+            ASSERT_GE(x.count, 1) << what;
+            ASSERT_GE(x.p_rank, 0) << what;
+            ASSERT_LT(x.p_rank, ptp) << what;
+            EXPECT_EQ(x.p_local, x.head - p.kv_head_begin(x.p_rank)) << what;
+            EXPECT_EQ(x.d_local, x.head - d.kv_head_begin(r)) << what;
+            EXPECT_GE(x.p_local, 0) << what;
+            EXPECT_LE(x.p_local + x.count, p.kv_heads) << what << ": P rank " << x.p_rank << " does not hold them";
+            if (i > 0) {  // maximal: a piece continues the previous one only from another P rank
+              const KvHeadPiece& prev = pieces[i - 1];
+              EXPECT_FALSE(prev.p_rank == x.p_rank && prev.p_local + prev.count == x.p_local) << what;
+            }
+            for (int k = 0; k < x.count; ++k) {
+              got.push_back(x.head + k);
+              ++served[{x.p_rank, x.head + k}];
+            }
+          }
+          std::vector<int> want(d.kv_heads);
+          std::iota(want.begin(), want.end(), d.kv_head_begin(r));
+          EXPECT_EQ(got, want) << what << ", D rank " << r;
+        }
+        // A replicated head's copies serve its D ranks in turn: no replica serves two more than another.
+        for (int h = 0; h < cfg->num_kv_heads; ++h) {
+          int lo = 1 << 30, hi = 0;
+          for (int pr = 0; pr < ptp; ++pr) {
+            if (h < p.kv_head_begin(pr) || h >= p.kv_head_begin(pr) + p.kv_heads) continue;
+            const int n = served.count({pr, h}) ? served[{pr, h}] : 0;
+            lo = std::min(lo, n);
+            hi = std::max(hi, n);
+          }
+          EXPECT_LE(hi - lo, 1) << what << ", head " << h;
+        }
+      }
+  }
+  // The two cases of the issue: P TP=2 -> D TP=1 (two pieces, one per P rank) and P TP=1 -> D TP=2.
+  const auto one = *plan_tensor_parallel(kQwen3_06b, 1), two = *plan_tensor_parallel(kQwen3_06b, 2);
+  const auto from_two = kv_head_pieces(two, one, 0);
+  ASSERT_EQ(from_two.size(), 2u);
+  EXPECT_EQ(from_two[0].p_rank, 0);
+  EXPECT_EQ(from_two[0].count, 4);
+  EXPECT_EQ(from_two[1].p_rank, 1);
+  EXPECT_EQ(from_two[1].head, 4);
+  EXPECT_EQ(from_two[1].p_local, 0);
+  EXPECT_EQ(from_two[1].d_local, 4);
+  const auto to_two = kv_head_pieces(one, two, 1);
+  ASSERT_EQ(to_two.size(), 1u);
+  EXPECT_EQ(to_two[0].p_rank, 0);
+  EXPECT_EQ(to_two[0].head, 4);
+  EXPECT_EQ(to_two[0].p_local, 4);
+  EXPECT_EQ(to_two[0].d_local, 0);
+  EXPECT_EQ(to_two[0].count, 4);
+  EXPECT_TRUE(kv_head_pieces(one, two, 2).empty());  // no such D rank
 }
 
 TEST(TensorParallel, TheVocabularyIsSplitInEqualSharesButTheLast) {
