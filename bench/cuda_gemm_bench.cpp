@@ -164,14 +164,16 @@ int main(int argc, char** argv) {
         cp.kernel = 2;
         tiles["cp_async"] =
             median_us([&] { ok(cuda::launch_fixed_gemm(A, W, y, sh.f32, M, sh.N, sh.K, s, cp), "wgmma cp"); }, s);
-        for (int tn : {128, 64}) {  // the TMA kernel unsplit, at each tile width
-          cuda::FixedGemmOptions tma;
-          tma.kernel = 3;
-          tma.tile_n = tn;
-          tma.splits = 1;
-          tiles["tma128x" + std::to_string(tn)] = median_us(
-              [&] { ok(cuda::launch_fixed_gemm(A, W, y, sh.f32, M, sh.N, sh.K, s, tma), "wgmma tma"); }, s);
-        }
+        // The TMA kernel unsplit at each tile width, alone and in clusters of two (multicast weights).
+        for (int kernel : {3, 4})
+          for (int tn : {128, 64}) {
+            cuda::FixedGemmOptions tma;
+            tma.kernel = kernel;
+            tma.tile_n = tn;
+            tma.splits = 1;
+            tiles[std::string(kernel == 3 ? "tma128x" : "tma_cluster128x") + std::to_string(tn)] = median_us(
+                [&] { ok(cuda::launch_fixed_gemm(A, W, y, sh.f32, M, sh.N, sh.K, s, tma), "wgmma tma"); }, s);
+          }
       }
       const double best = t_wg > 0 ? std::min(t_wg, t_mma) : t_mma;
       std::printf("%-5s %-8s %6d %6d %6d %10.1f %10.1f %10.1f %8.2f", sh.model, sh.name, M, sh.N, sh.K, cublas,

@@ -696,6 +696,15 @@ TEST_F(CudaKernels, GemvAndFixedGemmGiveEachRowTheSameBits) {
   }
 }
 
+// The TMA kernel's forced variants: alone (kernel 3) and in clusters of two sharing the weight
+// tiles (kernel 4), at both tile widths and each split.
+struct TmaVariant {
+  int kernel, tile_n, splits;
+};
+constexpr TmaVariant kTmaVariants[] = {{3, 128, 1}, {3, 128, 2}, {3, 128, 4}, {3, 128, 8}, {3, 64, 1}, {3, 64, 2},
+                                       {3, 64, 4},  {3, 64, 8},  {4, 128, 1}, {4, 128, 2}, {4, 128, 8}, {4, 64, 1},
+                                       {4, 64, 8}};
+
 // The warpgroup-MMA fixed GEMM (sm_90a builds, K % 512 == 0) gives the
 // mma.sync kernel's bits for every element, whatever its tile shape, its split
 // of K across CTAs (whole segments, combined in order) and M, in both outputs.
@@ -747,11 +756,12 @@ TEST_F(CudaKernels, FixedGemmWgmmaGivesTheMmaKernelsBitsForEveryTileAndSplit) {
           }
         }
         // The TMA kernel (128 x 128 and 128 x 64 tiles, walked in groups of tile rows; a partial last group
-        // at M 1031), at every split.
-        for (int tile_splits : {1281, 1282, 1284, 1288, 641, 642, 644, 648}) {
-          const int tile_n = tile_splits / 10, splits = tile_splits % 10;
+        // at M 1031), at every split; alone (kernel 3) and in clusters of two sharing the weight tiles
+        // (kernel 4; an odd count of tile rows leaves a cluster's second tile past M).
+        for (const TmaVariant& v : kTmaVariants) {
+          const int kernel = v.kernel, tile_n = v.tile_n, splits = v.splits;
           FixedGemmOptions tma;
-          tma.kernel = 3;
+          tma.kernel = kernel;
           tma.tile_n = tile_n;
           tma.splits = splits;
           tma.workspace = d_ws.get();
@@ -760,7 +770,7 @@ TEST_F(CudaKernels, FixedGemmWgmmaGivesTheMmaKernelsBitsForEveryTileAndSplit) {
           CUDA_OK(launch_fixed_gemm(B(d_a), B(d_w), d_got.get(), f32, M, N, K, nullptr, tma));
           CUDA_OK(cudaDeviceSynchronize());
           EXPECT_TRUE(d_got.download() == ref) << "N " << N << " K " << K << " M " << M << (f32 ? " f32" : " bf16")
-                                               << " tma 128x" << tile_n << " splits " << splits;
+                                               << " kernel " << kernel << " 128x" << tile_n << " splits " << splits;
         }
       }
     }
@@ -798,10 +808,11 @@ TEST_F(CudaKernels, FixedGemmTmaKernelWalkingManyTilesPerSmGivesTheMmaKernelsBit
       CUDA_OK(launch_fixed_gemm(B(d_a), B(d_w), d_ref.get(), f32, M, N, K, nullptr, mma));
       CUDA_OK(cudaDeviceSynchronize());
       const auto ref = d_ref.download();
-      for (int tile_splits : {1281, 1282, 1288, 641, 648}) {
-        const int tile_n = tile_splits / 10, splits = tile_splits % 10;
+      for (const TmaVariant& v : kTmaVariants) {
+        if (v.splits == 4) continue;  // the other splits take the same paths here
+        const int kernel = v.kernel, tile_n = v.tile_n, splits = v.splits;
         FixedGemmOptions tma;
-        tma.kernel = 3;
+        tma.kernel = kernel;
         tma.tile_n = tile_n;
         tma.splits = splits;
         tma.workspace = d_ws.get();
@@ -810,8 +821,8 @@ TEST_F(CudaKernels, FixedGemmTmaKernelWalkingManyTilesPerSmGivesTheMmaKernelsBit
         CUDA_OK(launch_fixed_gemm(B(d_a), B(d_w), d_got.get(), f32, M, N, K, nullptr, tma));
         CUDA_OK(cudaDeviceSynchronize());
         EXPECT_TRUE(d_got.download() == ref)
-            << "M " << M << " N " << N << " K " << K << (f32 ? " f32" : " bf16") << " tma 128x" << tile_n << " splits "
-            << splits;
+            << "M " << M << " N " << N << " K " << K << (f32 ? " f32" : " bf16") << " kernel " << kernel << " 128x"
+            << tile_n << " splits " << splits;
       }
     }
   }

@@ -229,7 +229,9 @@ cudaError_t launch_combine(const float* partial, void* out, bool out_f32, int M,
 // segment's sum is folded, and a tile's total is stored while the next tile's
 // first wgmmas run, so neither waits with the tensor cores idle. Tiles are
 // walked in groups of kTmaGroupM tile rows, so the CTAs running together
-// share A and weight rows in L2. Split (`splits` work units per tile, each
+// share A and weight rows in L2. FixedGemmOptions::kernel 4 runs it in
+// clusters of two CTAs along M (kCluster below) that load half of each weight
+// tile each, into both. Split (`splits` work units per tile, each
 // over an equal share of the segments): each segment's sum goes to the
 // workspace, as the kernel above's split stores it.
 constexpr int kTmaStages = 6;
@@ -256,19 +258,54 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// The same box into the same shared-memory offset of every CTA of the cluster in
+// cta_mask, each CTA's barrier at `bar`'s offset counting the bytes it receives.
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                                      uint64_t* bar, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
+      "%4}], [%2], %5;" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(dev::smem_addr(bar)), "r"(c0), "r"(c1), "h"(cta_mask)
+      : "memory");
+}
+__device__ __forceinline__ uint32_t cluster_cta_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// Every thread of every CTA of the cluster: what each wrote before is visible to all after.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// An arrival on the barrier at `bar`'s offset in CTA `cta` of the cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(dev::smem_addr(bar)), "r"(cta));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+
 // Work unit u: its output tile's first row and column, and its first segment.
+// With clusters of kCluster CTAs along M, unit u is a stack of kCluster tiles
+// with the same columns, and CTA `rank` of the cluster takes the rank-th (past
+// M where the tile rows run out: its rows are zeros and never stored).
 struct TmaUnit {
   int bm0, bn0, seg0;
 };
-template <int BN>
-__device__ __forceinline__ TmaUnit tma_unit(int u, int splits, int segs, int M, int N) {
-  const int tile = u / splits, tiles_m = (M + 127) / 128, tiles_n = (N + BN - 1) / BN;
-  const int in_group = kTmaGroupM * tiles_n;
-  const int first_m = tile / in_group * kTmaGroupM, group_m = min(tiles_m - first_m, kTmaGroupM);
-  return {(first_m + tile % in_group % group_m) * 128, tile % in_group / group_m * BN, u % splits * segs};
+template <int BN, int kCluster>
+__device__ __forceinline__ TmaUnit tma_unit(int u, int splits, int segs, int M, int N, int rank) {
+  const int tile = u / splits, tiles_m = ((M + 127) / 128 + kCluster - 1) / kCluster, tiles_n = (N + BN - 1) / BN;
+  constexpr int kGroup = kTmaGroupM / kCluster;
+  const int in_group = kGroup * tiles_n;
+  const int first_m = tile / in_group * kGroup, group_m = min(tiles_m - first_m, kGroup);
+  return {((first_m + tile % in_group % group_m) * kCluster + rank) * 128, tile % in_group / group_m * BN,
+          u % splits * segs};
 }
 
-template <int BN, bool kSplit, bool kOutF32>
+// kCluster 2: clusters of two CTAs along M share each weight tile, each loading
+// half of it into both (TMA multicast), so a CTA reads half the weight bytes
+// from L2; a stage is refilled once the multiplying warps of both CTAs are done
+// with it (each warp arrives on both CTAs' `empty` barriers).
+template <int BN, bool kSplit, bool kOutF32, int kCluster>
 __global__ __launch_bounds__(384, 1) void fixed_gemm_tma_kernel(const __grid_constant__ CUtensorMap a_map,
                                                                 const __grid_constant__ CUtensorMap w_map, void* out,
                                                                 float* partial, int M, int N, int K, int splits) {
@@ -283,34 +320,53 @@ __global__ __launch_bounds__(384, 1) void fixed_gemm_tma_kernel(const __grid_con
   uint64_t* empty = full + kTmaStages;
 
   const int tid = threadIdx.x, wg = tid >> 7;
-  const int units = ((M + 127) / 128) * ((N + BN - 1) / BN) * splits;
+  const int units = ((M + 127) / 128 + kCluster - 1) / kCluster * ((N + BN - 1) / BN) * splits;
   const int seg_tiles = K / kBK / kProjectionSegments, segs = kProjectionSegments / splits;
+  const int rank = kCluster > 1 ? static_cast<int>(cluster_cta_rank()) : 0;
+  const int first_unit = static_cast<int>(blockIdx.x) / kCluster, unit_step = static_cast<int>(gridDim.x) / kCluster;
 
   if (tid == 0) {
     for (int s = 0; s < kTmaStages; ++s) {
       dev::mbar_init(&full[s], 1);
-      dev::mbar_init(&empty[s], 256);
+      // Single CTAs: every multiplying thread; clusters: every multiplying warp of every CTA.
+      dev::mbar_init(&empty[s], kCluster > 1 ? 8 * kCluster : 256);
     }
     dev::mbar_init_fence();
   }
-  __syncthreads();
+  // The peers' barriers are initialised before any copy or arrival reaches them.
+  if constexpr (kCluster > 1)
+    cluster_sync();
+  else
+    __syncthreads();
 
   if (wg == 0) {
     // The loading warpgroup gives registers to the multiplying ones (which hold
     // three accumulator sets: 192 of them).
     dev::set_max_registers_dec<kTmaLoadRegs>();
-    if (tid != 0) return;
-    int i = 0;  // K tiles loaded, over every unit: the ring's position
-    for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      const TmaUnit w = tma_unit<BN>(u, splits, segs, M, N);
-      for (int kt = w.seg0 * seg_tiles; kt < (w.seg0 + segs) * seg_tiles; ++kt, ++i) {
-        const int s = i % kTmaStages;
-        if (i >= kTmaStages) dev::mbar_wait(&empty[s], ((i / kTmaStages) - 1) & 1);
-        dev::mbar_expect_tx(&full[s], tma_stage_bytes<BN>());
-        const uint32_t stage = smem_base + s * tma_stage_bytes<BN>();
-        tma_load_2d(stage, &a_map, kt * kBK, w.bm0, &full[s]);
-        tma_load_2d(stage + 128 * 128, &w_map, kt * kBK, w.bn0, &full[s]);
+    if (tid == 0) {
+      int i = 0;  // K tiles loaded, over every unit: the ring's position
+      for (int u = first_unit; u < units; u += unit_step) {
+        const TmaUnit w = tma_unit<BN, kCluster>(u, splits, segs, M, N, rank);
+        for (int kt = w.seg0 * seg_tiles; kt < (w.seg0 + segs) * seg_tiles; ++kt, ++i) {
+          const int s = i % kTmaStages;
+          if (i >= kTmaStages) dev::mbar_wait(&empty[s], ((i / kTmaStages) - 1) & 1);
+          // The whole stage lands here: this CTA's A rows, and every CTA's share of the weight rows.
+          dev::mbar_expect_tx(&full[s], tma_stage_bytes<BN>());
+          const uint32_t stage = smem_base + s * tma_stage_bytes<BN>();
+          tma_load_2d(stage, &a_map, kt * kBK, w.bm0, &full[s]);
+          if constexpr (kCluster > 1) {
+            constexpr int kShare = BN / kCluster;
+            tma_load_2d_multicast(stage + 128 * 128 + rank * kShare * 128, &w_map, kt * kBK, w.bn0 + rank * kShare,
+                                  &full[s], static_cast<uint16_t>((1u << kCluster) - 1));
+          } else {
+            tma_load_2d(stage + 128 * 128, &w_map, kt * kBK, w.bn0, &full[s]);
+          }
+        }
       }
+    }
+    if constexpr (kCluster > 1) {
+      __syncwarp();
+      cluster_sync();  // no CTA leaves while a peer may still copy into it or arrive on its barriers
     }
     return;
   }
@@ -322,7 +378,7 @@ __global__ __launch_bounds__(384, 1) void fixed_gemm_tma_kernel(const __grid_con
   // first wgmmas are issued, and a unit's total is stored then too, so the
   // tensor cores have work while the fold and the stores run.
   const int cw = wg - 1;  // this multiplying warpgroup's 64 rows
-  const int my_units = static_cast<int>(blockIdx.x) < units ? (units - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int my_units = first_unit < units ? (units - 1 - first_unit) / unit_step + 1 : 0;
   const int total = my_units * segs;
   float acc0[kAcc], acc1[kAcc];
   [[maybe_unused]] float tot[kSplit ? 1 : kAcc];
@@ -335,7 +391,7 @@ __global__ __launch_bounds__(384, 1) void fixed_gemm_tma_kernel(const __grid_con
   // Segment j's sum, complete in `done`: into the unit's total (stored after the
   // unit's last segment), or, split, into the workspace.
   auto finish = [&](float (&done)[kAcc], int j) {
-    const TmaUnit w = tma_unit<BN>(blockIdx.x + (j / segs) * gridDim.x, splits, segs, M, N);
+    const TmaUnit w = tma_unit<BN, kCluster>(first_unit + (j / segs) * unit_step, splits, segs, M, N, rank);
     if constexpr (kSplit) {
       store_tile<BN, 0>(done, partial + static_cast<size_t>(w.seg0 + j % segs) * M * N, M, N, w.bm0 + 64 * cw, w.bn0);
     } else {
@@ -350,6 +406,16 @@ __global__ __launch_bounds__(384, 1) void fixed_gemm_tma_kernel(const __grid_con
   };
   int i = 0;             // K tiles taken, over every unit: the ring's position
   int pending = -1;      // the stage whose wgmmas may still run
+  // Stage s is read: each thread arrives (single CTAs), or each warp on every CTA's barrier.
+  auto release = [&](int s) {
+    if constexpr (kCluster > 1) {
+      __syncwarp();
+      if ((tid & 31) == 0)
+        for (int c = 0; c < kCluster; ++c) mbar_arrive_cluster(&empty[s], static_cast<uint32_t>(c));
+    } else {
+      dev::mbar_arrive(&empty[s]);
+    }
+  };
   auto run = [&](float (&cur)[kAcc], float (&prev)[kAcc], int j) {
 #pragma unroll 1
     for (int t = 0; t < seg_tiles; ++t, ++i) {
@@ -367,7 +433,7 @@ __global__ __launch_bounds__(384, 1) void fixed_gemm_tma_kernel(const __grid_con
       dev::wgmma_commit();
       dev::wgmma_hold(cur);
       dev::wgmma_wait<1>();  // the previous tile's wgmmas are done: its stage is free
-      if (pending >= 0) dev::mbar_arrive(&empty[pending]);
+      if (pending >= 0) release(pending);
       pending = s;
       if (t == 0 && j > 0) {  // segment j - 1's wgmmas were the previous tile's
         dev::wgmma_hold(prev);
@@ -379,7 +445,7 @@ __global__ __launch_bounds__(384, 1) void fixed_gemm_tma_kernel(const __grid_con
   auto drain = [&](float (&last)[kAcc], int j) {
     dev::wgmma_wait<0>();
     dev::wgmma_hold(last);
-    dev::mbar_arrive(&empty[pending]);
+    release(pending);
     finish(last, j);
   };
   if (total > 0) {
@@ -396,6 +462,7 @@ __global__ __launch_bounds__(384, 1) void fixed_gemm_tma_kernel(const __grid_con
       }
     }
   }
+  if constexpr (kCluster > 1) cluster_sync();  // the loading warpgroup's counterpart
 #endif
 }
 
@@ -425,29 +492,36 @@ bool encode_rows(CUtensorMap* map, const bf16* base, int rows, int K, int box_ro
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int BN, bool kSplit, bool kOutF32>
+template <int BN, bool kSplit, bool kOutF32, int kCluster>
 cudaError_t launch_tma_variant(const CUtensorMap& a_map, const CUtensorMap& w_map, void* out, float* partial, int M,
                                int N, int K, int splits, const LaunchConfig& launch) {
-  auto* kernel = fixed_gemm_tma_kernel<BN, kSplit, kOutF32>;
+  auto* kernel = fixed_gemm_tma_kernel<BN, kSplit, kOutF32, kCluster>;
   static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                        static_cast<int>(tma_smem_bytes<BN>()));
   if (attr != cudaSuccess) return attr;
-  const long units = static_cast<long>((M + 127) / 128) * ((N + BN - 1) / BN) * splits;
+  const long units =
+      static_cast<long>(((M + 127) / 128 + kCluster - 1) / kCluster) * ((N + BN - 1) / BN) * splits;
   if (units > 0x7fffffffL) return cudaErrorInvalidValue;
-  const unsigned ctas = static_cast<unsigned>(std::min<long>(units, sm_count()));
-  return launch_kernel(kernel, dim3(ctas), 384, tma_smem_bytes<BN>(), launch, a_map, w_map, out, partial, M, N, K,
-                       splits);
+  const unsigned clusters = static_cast<unsigned>(std::min<long>(units, sm_count() / kCluster));
+  if constexpr (kCluster == 1)
+    return launch_kernel(kernel, dim3(clusters), 384, tma_smem_bytes<BN>(), launch, a_map, w_map, out, partial, M, N,
+                         K, splits);
+  else
+    return launch_kernel_cluster(kernel, dim3(clusters * kCluster), 384, tma_smem_bytes<BN>(), launch, kCluster,
+                                 a_map, w_map, out, partial, M, N, K, splits);
 }
 
-template <int BN>
+template <int BN, int kCluster>
 cudaError_t launch_tma(const bf16* a, const bf16* w, void* out, bool out_f32, float* partial, int M, int N, int K,
                        int splits, const LaunchConfig& launch) {
   CUtensorMap a_map, w_map;
-  if (!encode_rows(&a_map, a, M, K, 128) || !encode_rows(&w_map, w, N, K, BN)) return cudaErrorNotSupported;
+  if (!encode_rows(&a_map, a, M, K, 128) || !encode_rows(&w_map, w, N, K, BN / kCluster))
+    return cudaErrorNotSupported;
   if (splits <= 1)
-    return out_f32 ? launch_tma_variant<BN, false, true>(a_map, w_map, out, nullptr, M, N, K, 1, launch)
-                   : launch_tma_variant<BN, false, false>(a_map, w_map, out, nullptr, M, N, K, 1, launch);
-  const cudaError_t err = launch_tma_variant<BN, true, false>(a_map, w_map, out, partial, M, N, K, splits, launch);
+    return out_f32 ? launch_tma_variant<BN, false, true, kCluster>(a_map, w_map, out, nullptr, M, N, K, 1, launch)
+                   : launch_tma_variant<BN, false, false, kCluster>(a_map, w_map, out, nullptr, M, N, K, 1, launch);
+  const cudaError_t err =
+      launch_tma_variant<BN, true, false, kCluster>(a_map, w_map, out, partial, M, N, K, splits, launch);
   return err != cudaSuccess ? err : launch_combine(partial, out, out_f32, M, N, launch);
 }
 
@@ -498,9 +572,9 @@ cudaError_t launch_fixed_gemm_wgmma(const bf16* a, const bf16* w, void* out, boo
   //    time than the 128 x 128 tiles', a 128 x 64 tile costing kNarrowTileCost
   //    of a 128 x 128 one. At 64 rows or fewer a CTA's loads, not its
   //    products, set its pace, and a narrower tile is no faster.
-  if (opt.kernel == 3 || (opt.kernel == 0 && opt.tile_m == 0 && opt.tile_n == 0 && opt.splits == 0)) {
+  if (opt.kernel == 3 || opt.kernel == 4 || (opt.kernel == 0 && opt.tile_m == 0 && opt.tile_n == 0 && opt.splits == 0)) {
     constexpr double kNarrowTileCost = 0.75;
-    int bn = opt.kernel == 3 ? opt.tile_n : 0;
+    int bn = opt.kernel >= 3 ? opt.tile_n : 0;
     int splits = opt.splits;
     if (splits == 0) {
       splits = 1;
@@ -518,9 +592,14 @@ cudaError_t launch_fixed_gemm_wgmma(const bf16* a, const bf16* w, void* out, boo
     if (kProjectionSegments % splits != 0 || (splits > 1 && !have_workspace) || (bn != 64 && bn != 128))
       return cudaErrorInvalidValue;
     float* const partial = static_cast<float*>(opt.workspace);
-    const cudaError_t err = bn == 64 ? launch_tma<64>(a, w, out, out_f32, partial, M, N, K, splits, launch)
-                                     : launch_tma<128>(a, w, out, out_f32, partial, M, N, K, splits, launch);
-    if (err != cudaErrorNotSupported || opt.kernel == 3) return err;
+    cudaError_t err;
+    if (opt.kernel == 4)  // clusters of two along M sharing the weight tiles (multicast)
+      err = bn == 64 ? launch_tma<64, 2>(a, w, out, out_f32, partial, M, N, K, splits, launch)
+                     : launch_tma<128, 2>(a, w, out, out_f32, partial, M, N, K, splits, launch);
+    else
+      err = bn == 64 ? launch_tma<64, 1>(a, w, out, out_f32, partial, M, N, K, splits, launch)
+                     : launch_tma<128, 1>(a, w, out, out_f32, partial, M, N, K, splits, launch);
+    if (err != cudaErrorNotSupported || opt.kernel >= 3) return err;
   }
   int bn = opt.tile_n, bm = opt.tile_m;
   // Two warpgroups per CTA (half the weight reads per row) where that still fills

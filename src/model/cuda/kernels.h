@@ -302,10 +302,11 @@ struct FixedGemmOptions {
   size_t workspace_bytes = 0;
   // 0: the fastest the build has (sm_90a: 3, split where its tiles are few; else 1), 1: mma.sync,
   // 2: wgmma with cp.async loads (any tile and split below), 3: wgmma fed by TMA copies from a loading
-  // warpgroup, persistent, 128 x 128 or 128 x 64 tiles (any split below)
+  // warpgroup, persistent, 128 x 128 or 128 x 64 tiles (any split below); 4: kernel 3 in clusters
+  // of two CTAs along M that share each weight tile (TMA multicast: half the weight reads from L2)
   int kernel = 0;
   int splits = 0;  // wgmma: 0 chosen from the tile count, else 1, 2, 4 or 8
-  int tile_n = 0;  // wgmma: 0 chosen, else 64 or 128 output columns per CTA (kernel 3: per tile)
+  int tile_n = 0;  // wgmma: 0 chosen, else 64 or 128 output columns per CTA (kernels 3, 4: per tile)
   int tile_m = 0;  // wgmma: 0 chosen, else 64 or 128 output rows per CTA (one or two warpgroups)
 };
 bool fixed_gemm_supported(int N, int K);
