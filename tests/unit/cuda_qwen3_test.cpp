@@ -147,7 +147,6 @@ void make_shape_model(const std::filesystem::path& dir, const std::string& shape
   auto made = make_model(mo);
   ASSERT_TRUE(made) << made.error().message;
 }
-void make_06b_model(const std::filesystem::path& dir, uint64_t seed) { make_shape_model(dir, "qwen3-0.6b", seed); }
 
 class CudaQwen3Test : public ::testing::Test {
  protected:
@@ -613,50 +612,42 @@ TEST_F(CudaQwen3Test, BatchInvariantModeGivesBitIdenticalLogitsWhateverTheChunki
   expect_chunk_invariant(*eager, "tiny, no graphs");
 }
 
-// The same on a wider random-weight model of the Qwen3-0.6B shape (head_dim
-// 128, two query heads per kv head: the prefill kernel's two-heads-per-CTA path).
-TEST_F(CudaQwen3Test, BatchInvariantChunkInvarianceOnAWiderRandomModel) {
-  const auto dir = std::filesystem::temp_directory_path() / ("siesta_cuda_chunk_" + std::to_string(::getpid()));
-  make_06b_model(dir, 21);
-  if (HasFatalFailure()) return;
+// Chunk and batch invariance, and the decode kernel against the prefill path, on a random-weight
+// checkpoint of a make-model shape (layers > 0: that many decoder layers).
+void expect_invariant_random_model(cuda::CudaMallocAllocator& alloc, const std::string& shape, uint64_t seed,
+                                   int layers, int group, const std::string& label) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("siesta_cuda_" + shape + "_" + std::to_string(::getpid()));
+  make_shape_model(dir, shape, seed, layers);
+  if (::testing::Test::HasFatalFailure()) return;
   {
     CudaModelOptions opt;
     opt.batch_invariant = true;
     opt.max_batch_tokens = 1024;
     opt.max_model_len = 2048;
-    auto m = CudaQwen3::load(dir, alloc_, opt);
+    auto m = CudaQwen3::load(dir, alloc, opt);
     ASSERT_TRUE(m) << m.error().message;
-    expect_chunk_invariant(**m, "qwen3-0.6b shape");
+    ASSERT_EQ((*m)->config().num_heads / (*m)->config().num_kv_heads, group) << label;
+    expect_chunk_invariant(**m, label);
     // Here the decode kernel matches the wgmma prefill kernel (sm_90a builds).
     opt.instrumentation.invariant_decode_as_prefill = true;
-    auto prefill_path = CudaQwen3::load(dir, alloc_, opt);
+    auto prefill_path = CudaQwen3::load(dir, alloc, opt);
     ASSERT_TRUE(prefill_path) << prefill_path.error().message;
-    expect_decode_kernel_gives_the_prefill_paths_bits(**m, **prefill_path, "qwen3-0.6b shape");
+    expect_decode_kernel_gives_the_prefill_paths_bits(**m, **prefill_path, label);
   }
   std::filesystem::remove_all(dir);
 }
 
-// The same on a GQA-group-5 shape: Qwen3-14B's widths (40 query heads over 8 KV heads, hidden 5120,
+// The same on a wider random-weight model of the Qwen3-0.6B shape (head_dim
+// 128, two query heads per kv head: the prefill kernel's two-heads-per-CTA path).
+TEST_F(CudaQwen3Test, BatchInvariantChunkInvarianceOnAWiderRandomModel) {
+  expect_invariant_random_model(alloc_, "qwen3-0.6b", 21, 0, 2, "qwen3-0.6b shape");
+}
+
+// And on a GQA-group-5 shape: Qwen3-14B's widths (40 query heads over 8 KV heads, hidden 5120,
 // intermediate 17408, untied embeddings) with 2 decoder layers.
 TEST_F(CudaQwen3Test, BatchInvariantChunkInvarianceOnAGqaGroup5Model) {
-  const auto dir = std::filesystem::temp_directory_path() / ("siesta_cuda_gqa5_" + std::to_string(::getpid()));
-  make_shape_model(dir, "qwen3-14b", 23, 2);
-  if (HasFatalFailure()) return;
-  {
-    CudaModelOptions opt;
-    opt.batch_invariant = true;
-    opt.max_batch_tokens = 1024;
-    opt.max_model_len = 2048;
-    auto m = CudaQwen3::load(dir, alloc_, opt);
-    ASSERT_TRUE(m) << m.error().message;
-    ASSERT_EQ((*m)->config().num_heads / (*m)->config().num_kv_heads, 5);
-    expect_chunk_invariant(**m, "qwen3-14b shape, 2 layers");
-    opt.instrumentation.invariant_decode_as_prefill = true;
-    auto prefill_path = CudaQwen3::load(dir, alloc_, opt);
-    ASSERT_TRUE(prefill_path) << prefill_path.error().message;
-    expect_decode_kernel_gives_the_prefill_paths_bits(**m, **prefill_path, "qwen3-14b shape, 2 layers");
-  }
-  std::filesystem::remove_all(dir);
+  expect_invariant_random_model(alloc_, "qwen3-14b", 23, 2, 5, "qwen3-14b shape, 2 layers");
 }
 
 // Default mode, decode steps of up to 8 sequences: every projection is the
