@@ -373,7 +373,8 @@ __global__ __launch_bounds__(384, 1) void fixed_gemm_tma_kernel(const __grid_con
   dev::set_max_registers_inc<kTmaMathRegs>();
 
   // The segments this CTA multiplies, j = 0, 1, ...: segment seg0 + j % segs of
-  // unit blockIdx.x + (j / segs) gridDim.x. Segment j runs on accumulator set
+  // unit first_unit + (j / segs) unit_step (its cluster's units: every CTA of a
+  // cluster walks the same ones). Segment j runs on accumulator set
   // j % 2; segment j - 1's set is folded (or, split, stored) once segment j's
   // first wgmmas are issued, and a unit's total is stored then too, so the
   // tensor cores have work while the fold and the stores run.
