@@ -704,6 +704,26 @@ struct TmaVariant {
 constexpr TmaVariant kTmaVariants[] = {{3, 128, 1}, {3, 128, 2}, {3, 128, 4}, {3, 128, 8}, {3, 64, 1}, {3, 64, 2},
                                        {3, 64, 4},  {3, 64, 8},  {4, 128, 1}, {4, 128, 2}, {4, 128, 8}, {4, 64, 1},
                                        {4, 64, 8}};
+// Variant v's output into `got` (bytes of M x N fp32 or bf16), from a poisoned buffer.
+void run_tma_variant(const TmaVariant& v, const bf16* a, const bf16* w, bool f32, int M, int N, int K, void* ws,
+                     size_t ws_bytes, std::vector<uint8_t>& got) {
+  FixedGemmOptions tma;
+  tma.kernel = v.kernel;
+  tma.tile_n = v.tile_n;
+  tma.splits = v.splits;
+  tma.workspace = ws;
+  tma.workspace_bytes = ws_bytes;
+  const size_t bytes = static_cast<size_t>(M) * N * (f32 ? 4 : 2);
+  DeviceArray<uint8_t> d_got(bytes);
+  CUDA_OK(cudaMemset(d_got.get(), 0xff, bytes));
+  CUDA_OK(launch_fixed_gemm(a, w, d_got.get(), f32, M, N, K, nullptr, tma));
+  CUDA_OK(cudaDeviceSynchronize());
+  got = d_got.download();
+}
+std::string describe(const TmaVariant& v) {
+  return " kernel " + std::to_string(v.kernel) + " 128x" + std::to_string(v.tile_n) + " splits " +
+         std::to_string(v.splits);
+}
 
 // The warpgroup-MMA fixed GEMM (sm_90a builds, K % 512 == 0) gives the
 // mma.sync kernel's bits for every element, whatever its tile shape, its split
@@ -759,18 +779,10 @@ TEST_F(CudaKernels, FixedGemmWgmmaGivesTheMmaKernelsBitsForEveryTileAndSplit) {
         // at M 1031), at every split; alone (kernel 3) and in clusters of two sharing the weight tiles
         // (kernel 4; an odd count of tile rows leaves a cluster's second tile past M).
         for (const TmaVariant& v : kTmaVariants) {
-          const int kernel = v.kernel, tile_n = v.tile_n, splits = v.splits;
-          FixedGemmOptions tma;
-          tma.kernel = kernel;
-          tma.tile_n = tile_n;
-          tma.splits = splits;
-          tma.workspace = d_ws.get();
-          tma.workspace_bytes = static_cast<size_t>(kProjectionSegments) * 1031 * 1032 * sizeof(float);
-          CUDA_OK(cudaMemset(d_got.get(), 0xff, bytes));
-          CUDA_OK(launch_fixed_gemm(B(d_a), B(d_w), d_got.get(), f32, M, N, K, nullptr, tma));
-          CUDA_OK(cudaDeviceSynchronize());
-          EXPECT_TRUE(d_got.download() == ref) << "N " << N << " K " << K << " M " << M << (f32 ? " f32" : " bf16")
-                                               << " kernel " << kernel << " 128x" << tile_n << " splits " << splits;
+          std::vector<uint8_t> got;
+          run_tma_variant(v, B(d_a), B(d_w), f32, M, N, K, d_ws.get(),
+                          static_cast<size_t>(kProjectionSegments) * 1031 * 1032 * sizeof(float), got);
+          EXPECT_TRUE(got == ref) << "N " << N << " K " << K << " M " << M << (f32 ? " f32" : " bf16") << describe(v);
         }
       }
     }
@@ -802,7 +814,7 @@ TEST_F(CudaKernels, FixedGemmTmaKernelWalkingManyTilesPerSmGivesTheMmaKernelsBit
     DeviceArray<uint8_t> d_ws(ws_bytes);
     for (bool f32 : {true, false}) {
       const size_t bytes = static_cast<size_t>(M) * N * (f32 ? 4 : 2);
-      DeviceArray<uint8_t> d_ref(bytes), d_got(bytes);
+      DeviceArray<uint8_t> d_ref(bytes);
       FixedGemmOptions mma;
       mma.kernel = 1;
       CUDA_OK(launch_fixed_gemm(B(d_a), B(d_w), d_ref.get(), f32, M, N, K, nullptr, mma));
@@ -810,19 +822,9 @@ TEST_F(CudaKernels, FixedGemmTmaKernelWalkingManyTilesPerSmGivesTheMmaKernelsBit
       const auto ref = d_ref.download();
       for (const TmaVariant& v : kTmaVariants) {
         if (v.splits == 4) continue;  // the other splits take the same paths here
-        const int kernel = v.kernel, tile_n = v.tile_n, splits = v.splits;
-        FixedGemmOptions tma;
-        tma.kernel = kernel;
-        tma.tile_n = tile_n;
-        tma.splits = splits;
-        tma.workspace = d_ws.get();
-        tma.workspace_bytes = ws_bytes;
-        CUDA_OK(cudaMemset(d_got.get(), 0xff, bytes));
-        CUDA_OK(launch_fixed_gemm(B(d_a), B(d_w), d_got.get(), f32, M, N, K, nullptr, tma));
-        CUDA_OK(cudaDeviceSynchronize());
-        EXPECT_TRUE(d_got.download() == ref)
-            << "M " << M << " N " << N << " K " << K << (f32 ? " f32" : " bf16") << " kernel " << kernel << " 128x"
-            << tile_n << " splits " << splits;
+        std::vector<uint8_t> got;
+        run_tma_variant(v, B(d_a), B(d_w), f32, M, N, K, d_ws.get(), ws_bytes, got);
+        EXPECT_TRUE(got == ref) << "M " << M << " N " << N << " K " << K << (f32 ? " f32" : " bf16") << describe(v);
       }
     }
   }

@@ -11,29 +11,10 @@
 
 namespace siesta::cuda {
 
-// Launches kernel as `launch` says (kernels.h: LaunchConfig), then reports
-// the launch error.
+// Launches kernel as `launch` says (kernels.h: LaunchConfig), in thread-block
+// clusters of `cluster` CTAs along x where cluster > 1 (grid.x a multiple of
+// it), then reports the launch error.
 template <class... KernelArgs, class... Args>
-cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
-                          const LaunchConfig& launch, Args&&... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = launch.stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  if (launch.overlap) {
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-  }
-  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-  return err != cudaSuccess ? err : cudaGetLastError();
-}
-
-// The same with thread-block clusters of `cluster` CTAs along x (grid.x a multiple of it).
-template <typename... KernelArgs, typename... Args>
 cudaError_t launch_kernel_cluster(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
                                   const LaunchConfig& launch, int cluster, Args&&... args) {
   cudaLaunchConfig_t cfg{};
@@ -42,16 +23,28 @@ cudaError_t launch_kernel_cluster(void (*kernel)(KernelArgs...), dim3 grid, dim3
   cfg.dynamicSmemBytes = smem;
   cfg.stream = launch.stream;
   cudaLaunchAttribute attrs[2] = {};
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attrs;
-  cfg.numAttrs = launch.overlap ? 2 : 1;
+  unsigned n = 0;
+  if (cluster > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attrs[n].val.clusterDim.y = 1;
+    attrs[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (launch.overlap) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = n > 0 ? attrs : nullptr;
+  cfg.numAttrs = n;
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   return err != cudaSuccess ? err : cudaGetLastError();
+}
+template <class... KernelArgs, class... Args>
+cudaError_t launch_kernel(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
+                          const LaunchConfig& launch, Args&&... args) {
+  return launch_kernel_cluster(kernel, grid, block, smem, launch, 1, std::forward<Args>(args)...);
 }
 
 // The current device's SM count, read once per device.

@@ -504,12 +504,8 @@ cudaError_t launch_tma_variant(const CUtensorMap& a_map, const CUtensorMap& w_ma
       static_cast<long>(((M + 127) / 128 + kCluster - 1) / kCluster) * ((N + BN - 1) / BN) * splits;
   if (units > 0x7fffffffL) return cudaErrorInvalidValue;
   const unsigned clusters = static_cast<unsigned>(std::min<long>(units, sm_count() / kCluster));
-  if constexpr (kCluster == 1)
-    return launch_kernel(kernel, dim3(clusters), 384, tma_smem_bytes<BN>(), launch, a_map, w_map, out, partial, M, N,
-                         K, splits);
-  else
-    return launch_kernel_cluster(kernel, dim3(clusters * kCluster), 384, tma_smem_bytes<BN>(), launch, kCluster,
-                                 a_map, w_map, out, partial, M, N, K, splits);
+  return launch_kernel_cluster(kernel, dim3(clusters * kCluster), 384, tma_smem_bytes<BN>(), launch, kCluster, a_map,
+                               w_map, out, partial, M, N, K, splits);
 }
 
 template <int BN, int kCluster>
