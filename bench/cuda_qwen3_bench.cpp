@@ -22,7 +22,11 @@
 // (the default takes 256, staged on tensor cores for decode steps of up to 8 sequences);
 // decode projections on cuBLASLt at every batch size (no GEMV); batch-invariant; batch-invariant with
 // its decode rows as 1-row prefill tiles (batch_invariant_decode_as_prefill: the path before its
-// decode kernel, InstrumentationOptions::invariant_decode_as_prefill). --modes runs only the named
+// decode kernel, InstrumentationOptions::invariant_decode_as_prefill); batch-invariant with its
+// projections on the TMA fixed GEMM in clusters of two (batch_invariant_gemm_cluster:
+// InstrumentationOptions::fixed_gemm_kernel 4; prefill only); batch-invariant with its decode attention on
+// 4 warps per CTA at every batch size (batch_invariant_decode_4_warps: invariant_decode_warps; the default
+// takes 8 for small batches). --modes runs only the named
 // ones (e.g. default,batch_invariant).
 // --profile: also a breakdown per kernel group (CUDA events between eager
 // launches, so launch gaps are included) of a decode step at each batch size
@@ -255,19 +259,24 @@ int main(int argc, char** argv) {
     bool prefill_wgmma = true;
     int gemv_max_rows = -1;
     bool invariant_decode_as_prefill = false;
+    int fixed_gemm_kernel = 0;
+    int invariant_decode_warps = 0;
   };
-  const Mode mode_list[] = {{"default", false, true, true, true, 0, 0, 0},
-                            {"default_without_overlap", false, false, true, false, 0, 0, 0},
-                            {"default_prefill_1_head_per_cta", false, true, false, true, 1, 0, 0},
-                            {"default_prefill_mma", false, true, false, true, 0, 0, 0, false},
-                            {"default_prefill_mma_16_rows_per_warp", false, true, false, true, 0, 16, 0, false},
-                            {"default_prefill_mma_32_rows_per_warp", false, true, false, true, 0, 32, 0, false},
-                            {"default_decode_partition_64", false, true, true, false, 0, 0, 64},
-                            {"default_decode_partition_128", false, true, true, false, 0, 0, 128},
-                            {"default_decode_partition_256", false, true, true, false, 0, 0, 256},
-                            {"default_decode_without_gemv", false, true, true, false, 0, 0, 0, true, 0},
-                            {"batch_invariant", true, true, true, true, 0, 0, 0},
-                            {"batch_invariant_decode_as_prefill", true, true, true, false, 0, 0, 0, true, -1, true}};
+  const Mode mode_list[] = {
+      {"default", false, true, true, true, 0, 0, 0},
+      {"default_without_overlap", false, false, true, false, 0, 0, 0},
+      {"default_prefill_1_head_per_cta", false, true, false, true, 1, 0, 0},
+      {"default_prefill_mma", false, true, false, true, 0, 0, 0, false},
+      {"default_prefill_mma_16_rows_per_warp", false, true, false, true, 0, 16, 0, false},
+      {"default_prefill_mma_32_rows_per_warp", false, true, false, true, 0, 32, 0, false},
+      {"default_decode_partition_64", false, true, true, false, 0, 0, 64},
+      {"default_decode_partition_128", false, true, true, false, 0, 0, 128},
+      {"default_decode_partition_256", false, true, true, false, 0, 0, 256},
+      {"default_decode_without_gemv", false, true, true, false, 0, 0, 0, true, 0},
+      {"batch_invariant", true, true, true, true, 0, 0, 0},
+      {"batch_invariant_decode_as_prefill", true, true, true, false, 0, 0, 0, true, -1, true},
+      {"batch_invariant_gemm_cluster", true, true, false, true, 0, 0, 0, true, -1, false, 4},
+      {"batch_invariant_decode_4_warps", true, true, true, false, 0, 0, 0, true, -1, false, 0, 4}};
   for (const std::string& name : a.modes)
     if (std::none_of(std::begin(mode_list), std::end(mode_list), [&](const Mode& m) { return name == m.name; }))
       fail("--modes: no mode " + name);
@@ -284,6 +293,8 @@ int main(int argc, char** argv) {
     opt.instrumentation.prefill_wgmma = md.prefill_wgmma;
     opt.instrumentation.gemv_max_rows = md.gemv_max_rows;
     opt.instrumentation.invariant_decode_as_prefill = md.invariant_decode_as_prefill;
+    opt.instrumentation.fixed_gemm_kernel = md.fixed_gemm_kernel;
+    opt.instrumentation.invariant_decode_warps = md.invariant_decode_warps;
     auto model = check(CudaQwen3::load(a.model, alloc, opt), "loading " + a.model);
     cfg = model->config();
     shape = shape_of(cfg, model->weight_bytes());

@@ -5,7 +5,8 @@
 //   rl_rollout_bench --model DIR [--shape NAME] [--device cuda|cpu] [--sequences 256] [--prompt 1024]
 //                    [--output 4096] [--temperature 0] [--seed 1] [--gpu-memory-utilization 0.9]
 //                    [--kv-cache-memory-bytes N] [--max-num-batched-tokens 2048] [--threads N]
-//                    [--allow-preemption] [--no-batch-invariant] [--lone-prompt 1024] [--lone-output 64] [--lone-repeat 3]
+//                    [--allow-preemption] [--no-batch-invariant] [--lone-prompt 1024] [--lone-output 64] [--lone-repeat
+//                    3]
 //                    [--bin-steps 256] [--timeout-s 3600] [--out FILE.json] [--commit SHA] [--log-level warn]
 //
 // The engine is made as a vLLM user would start one for this shape:
@@ -19,7 +20,8 @@
 //
 // In one run, in this order:
 //   1. the limit: device-to-device copy bandwidth (cuda::measure_copy_bandwidth,
-//      as cuda_qwen3_bench; --device cpu: a host memcpy), (read + write) bytes / s;
+//      as cuda_qwen3_bench; --device cpu: a host memcpy), (read + write) bytes / s,
+//      and on CUDA cuBLASLt's bf16 GEMM rate (cuda::measure_bf16_gemm_tflops);
 //   2. a lone request to the fresh engine (its first request: first-use costs);
 //   3. the batch: --sequences requests submitted at once, run to completion:
 //      wall time, output tokens/s over the run, the prefill phase (submit to
@@ -33,7 +35,11 @@
 //      where the context tokens are the KV positions the step's attention
 //      reads (sum over its sequences of start_pos + 1) and the weights read
 //      leave out an untied embedding table (a decode step reads only its rows).
-//      The goal: floor / period >= 0.8 on average over the run;
+//      The goal: floor / period >= 0.8 on average over the run. Beside it, a
+//      reference that also counts compute (floor_with_compute_ms): the KV at the
+//      copy bandwidth plus the projections and LM head at the slower of their
+//      weight reads and their FLOPs at cuBLASLt's bf16 rate measured in the same
+//      run (the 8B shape's projections are compute-bound at 256 rows);
 //   4. lone requests (--lone-prompt, --lone-output) to the now warm, idle
 //      engine, --lone-repeat times: TTFT and its phases from the step
 //      records: the wait from submit to the step's start (the loop's wake-up
@@ -227,6 +233,7 @@ class StepLog {
 struct CopyLimit {
   double gb_per_s = 0;
   std::string what;
+  double gemm_tflops = 0;  // cuBLASLt's bf16 rate (CUDA), for the reference floor with compute; 0 on the host
   json device;  // the GPU's name and SMs (CUDA)
 };
 
@@ -246,6 +253,7 @@ CopyLimit measure_limit(Device device) {
     l.what =
         "device-to-device cudaMemcpyAsync of 2 GiB, median of 20, (read + write) bytes / s "
         "(cuda::measure_copy_bandwidth, as cuda_qwen3_bench)";
+    l.gemm_tflops = check(cuda::measure_bf16_gemm_tflops(alloc), "measuring cuBLASLt's bf16 GEMM rate");
 #else
     die("--device cuda: this build has no CUDA (nvcc was not found when it was configured)");
 #endif
@@ -327,10 +335,23 @@ struct Bytes {
   double weights = 0;       // the pool's weights
   double weights_read = 0;  // ... that a decode step reads (an untied embedding table left out)
   double kv_per_token = 0;  // K and V of every layer
+  double matmul_params = 0;  // the projections' and the LM head's weights: 2 FLOPs each per decode row
 };
 
 double floor_ms(const Bytes& b, const StepShape& s, double gb_per_s) {
   return (b.weights_read + static_cast<double>(s.context_tokens) * b.kv_per_token) / (gb_per_s * 1e9) * 1e3;
+}
+
+// A reference beside the goal's floor: the KV read at the copy bandwidth plus the
+// projections at the slower of their weight reads and their FLOPs at cuBLASLt's
+// measured rate (at a few hundred rows they are compute-bound, which floor_ms does
+// not count). 0 without a GEMM rate (the host).
+double floor_with_compute_ms(const Bytes& b, const StepShape& s, const CopyLimit& l) {
+  if (l.gemm_tflops <= 0) return 0.0;
+  const double weights_ms = b.weights_read / (l.gb_per_s * 1e9) * 1e3;
+  const double flops_ms = 2.0 * b.matmul_params * s.decodes / (l.gemm_tflops * 1e12) * 1e3;
+  return static_cast<double>(s.context_tokens) * b.kv_per_token / (l.gb_per_s * 1e9) * 1e3 +
+         std::max(weights_ms, flops_ms);
 }
 
 // One lone request: TTFT and where it went, from the client's clock and the step records.
@@ -404,7 +425,8 @@ int main(int argc, char** argv) {
 
   // 1. The limit, before the engine takes its memory.
   const CopyLimit limit = measure_limit(device);
-  std::fprintf(stderr, "limit: %s: %.0f GB/s\n", limit.what.c_str(), limit.gb_per_s);
+  std::fprintf(stderr, "limit: %s: %.0f GB/s; cuBLASLt bf16 %.0f TFLOP/s\n", limit.what.c_str(), limit.gb_per_s,
+               limit.gemm_tflops);
 
   // 2. The engine, as a vLLM user would start it for this shape.
   StepLog log;
@@ -434,6 +456,9 @@ int main(int argc, char** argv) {
   const double elem_bytes = b.kv_per_token / (2.0 * cfg.num_layers * cfg.kv_dim());
   b.weights_read =
       b.weights - (cfg.tie_word_embeddings ? 0.0 : static_cast<double>(cfg.vocab_size) * cfg.hidden_size * elem_bytes);
+  b.matmul_params = static_cast<double>(cfg.num_layers) * cfg.hidden_size *
+                        (cfg.q_dim() + 2.0 * cfg.kv_dim() + cfg.q_dim() + 3.0 * cfg.intermediate_size) +
+                    static_cast<double>(cfg.vocab_size) * cfg.hidden_size;
   std::fprintf(stderr,
                "engine: %s, created in %.0f ms; weights %.2f GiB, KV cache %.2f GiB (%d blocks, %.0f B/token)\n",
                mem.backend_description.c_str(), create_ms, b.weights / kGiB,
@@ -498,7 +523,7 @@ int main(int argc, char** argv) {
     }
   // Decode steps: no prompt tokens. Period: to the next step's start (the last: to its delivery).
   struct DecodeStep {
-    double period, step, output, floor;
+    double period, step, output, floor, floor_c;
     int32_t seqs;
     int64_t context;
   };
@@ -508,9 +533,10 @@ int main(int argc, char** argv) {
     if (s.shape.prefill_tokens > 0 || s.shape.decodes == 0) continue;
     const auto end = i + 1 < steps.size() ? steps[i + 1].start : s.delivered;
     ds.push_back({ms_between(s.start, end), ms_between(s.start, s.computed), ms_between(s.computed, s.delivered),
-                  floor_ms(b, s.shape, limit.gb_per_s), s.shape.decodes, s.shape.context_tokens});
+                  floor_ms(b, s.shape, limit.gb_per_s), floor_with_compute_ms(b, s.shape, limit), s.shape.decodes,
+                  s.shape.context_tokens});
   }
-  std::vector<double> periods, step_ms, output_ms, floors, ratios;
+  std::vector<double> periods, step_ms, output_ms, floors, ratios, floors_c, ratios_c;
   double sum_period = 0, sum_floor = 0;
   int64_t decode_tokens = 0;
   for (const DecodeStep& d : ds) {
@@ -519,20 +545,26 @@ int main(int argc, char** argv) {
     output_ms.push_back(d.output);
     floors.push_back(d.floor);
     ratios.push_back(d.floor / d.period);
+    floors_c.push_back(d.floor_c);
+    ratios_c.push_back(d.floor_c / d.period);
     sum_period += d.period;
     sum_floor += d.floor;
     decode_tokens += d.seqs;
   }
   const double ratio_mean =
       ratios.empty() ? 0.0 : std::accumulate(ratios.begin(), ratios.end(), 0.0) / static_cast<double>(ratios.size());
+  const double ratio_c_mean =
+      ratios_c.empty() ? 0.0
+                       : std::accumulate(ratios_c.begin(), ratios_c.end(), 0.0) / static_cast<double>(ratios_c.size());
   json bins = json::array();
   for (size_t at = 0; at < ds.size(); at += static_cast<size_t>(o.bin_steps)) {
     const size_t end = std::min(ds.size(), at + static_cast<size_t>(o.bin_steps));
-    double p = 0, st = 0, f = 0, ctx = 0, seqs = 0;
+    double p = 0, st = 0, f = 0, fc = 0, ctx = 0, seqs = 0;
     for (size_t i = at; i < end; ++i) {
       p += ds[i].period;
       st += ds[i].step;
       f += ds[i].floor;
+      fc += ds[i].floor_c;
       ctx += static_cast<double>(ds[i].context);
       seqs += ds[i].seqs;
     }
@@ -543,6 +575,7 @@ int main(int argc, char** argv) {
                     {"step_ms", st / n},
                     {"floor_ms", f / n},
                     {"floor_ratio", f / p},
+                    {"floor_with_compute_ms", fc / n},
                     {"sequences", seqs / n},
                     {"context_per_sequence", seqs > 0 ? ctx / seqs : 0.0}});
   }
@@ -556,6 +589,8 @@ int main(int argc, char** argv) {
       {"floor_ms", stats(floors)},
       {"floor_ratio_mean", ratio_mean},
       {"floor_ratio_total", sum_period > 0 ? sum_floor / sum_period : 0.0},
+      {"floor_with_compute_ms", stats(floors_c)},
+      {"floor_with_compute_ratio_mean", ratio_c_mean},
       {"goal", kFloorGoal},
       {"goal_met", ratio_mean >= kFloorGoal}};
 
@@ -611,6 +646,11 @@ int main(int argc, char** argv) {
     row("floor / period, mean over the run", fmt::format("{:.3f}", ratio_mean),
         fmt::format("goal >= {}: {}; time-weighted {:.3f}", kFloorGoal, ratio_mean >= kFloorGoal ? "met" : "MISSED",
                     decode["floor_ratio_total"].get<double>()));
+    if (limit.gemm_tflops > 0)
+      row("floor with compute / period, mean", fmt::format("{:.3f}", ratio_c_mean),
+          fmt::format("reference, not the goal: KV / copy bandwidth + max(weights / copy bandwidth, projection FLOPs "
+                      "at cuBLASLt's {:.0f} TFLOP/s); {:.2f} ms per step (mean)",
+                      limit.gemm_tflops, decode["floor_with_compute_ms"]["mean"].get<double>()));
   }
   for (const json& bin : bins)
     row(fmt::format("  steps {}-{}", bin["first_step"].get<size_t>(),
@@ -682,7 +722,11 @@ int main(int argc, char** argv) {
           {"kv_tokens_needed", blocks_needed * lim.block_size},
           {"allow_preemption", o.allow_preemption},
           {"batch_invariant", o.batch_invariant}}},
-        {"limit", {{"what", limit.what}, {"copy_gb_per_s", limit.gb_per_s}}},
+        {"limit",
+         {{"what", limit.what},
+          {"copy_gb_per_s", limit.gb_per_s},
+          {"gemm_tflops", limit.gemm_tflops},
+          {"gemm_what", "cuBLASLt bf16 GEMM 8192^3, random data (cuda::measure_bf16_gemm_tflops)"}}},
         {"batch",
          {{"wall_s", wall_s},
           {"output_tokens", out_tokens},
@@ -721,6 +765,10 @@ int main(int argc, char** argv) {
            "(weights read + sum of start_pos + 1 over the step's sequences x KV bytes per token) / copy "
            "bandwidth"},
           {"floor_ratio_mean", "mean over the decode steps of floor_ms / period_ms (the goal)"},
+          {"floor_with_compute_ms",
+           "a reference, not the goal: the KV read at the copy bandwidth + the larger of the weights read at "
+           "the copy bandwidth and the projections' and LM head's FLOPs (2 per weight per decode row) at "
+           "cuBLASLt's measured bf16 rate"},
           {"phases_ms",
            "a lone request's TTFT, whole: submit to the step's start (loop wake-up, admission), the "
            "prefill step(s) (schedule, forward, sampling, update), the gaps between them, and the end of "

@@ -68,7 +68,8 @@ ap.add_argument("--model", default=env("SOAK_MODEL"), help="model directory (def
 ap.add_argument("--device", default=env("SOAK_DEVICE", "cpu"))
 ap.add_argument("--extra-serve-args", default=env("SOAK_EXTRA_FLAGS", ""), help="more `siesta serve` flags")
 ap.add_argument("--clients", type=int, default=int(env("SOAK_CLIENTS", "16")))
-ap.add_argument("--seconds", type=float, default=float(env("SOAK_SECONDS", "40")), help="soak time")
+ap.add_argument("--seconds", type=float, default=float(env("SOAK_SECONDS", "40")),
+                help="soak time (longer, up to 3x, until twice as many answers as references are in)")
 ap.add_argument("--seed", type=int, default=int(env("SOAK_SEED")) if env("SOAK_SEED") else None,
                 help="the clients' choices of request, form and salt (default: from the clock)")
 ap.add_argument("--kv-bytes", default=None, help="KV cache size (default 128M on the CPU, 4G on CUDA)")
@@ -460,9 +461,18 @@ def run_soak():
     for t in threads + [watcher]:
         t.start()
     time.sleep(args.seconds)
+    # Past --seconds until the answers are enough to tell (twice the references), at most
+    # twice as long again: a slower mode gets its sample instead of a short count.
+    while time.monotonic() < started + 3 * args.seconds:
+        with lock:
+            answered = sum(o[3] in ("ok", "wrong_tokens", "wrong_logprobs") for o in outcomes)
+        if answered >= 2 * len(refs):
+            break
+        time.sleep(0.5)
     stop.set()
+    stopped = time.monotonic()
     for t in threads:
-        t.join(max(0.0, started + args.seconds + TIMEOUT + 15 - time.monotonic()))
+        t.join(max(0.0, stopped + TIMEOUT + 15 - time.monotonic()))
     watcher.join(15)
     soak["end"] = time.monotonic()
     stuck = sum(t.is_alive() for t in threads)

@@ -1522,6 +1522,20 @@ TEST_F(CudaKernels, InvariantDecodeAttentionGivesThePrefillKernelsBits) {
         const auto got = d_out.download();
         EXPECT_TRUE(got == want) << what << ", q given: " << first_difference(got, want, heads, hd);
         check_reference(got, q, base, what + ", q given");
+        // Each warp count the build has for this kernel, named: the same bits (8 warps only at
+        // head_dim 128 with 64-key softmax steps).
+        for (int warps : {4, 8}) {
+          AttentionArgs a = args(B(d_base), B(d_q));
+          a.prefill_warp_rows = k.warp_rows;
+          CUDA_OK(cudaMemset(d_out.get(), 0xFF, q.size() * 2));
+          const cudaError_t e = launch_decode_attention_invariant(a, S, k.wgmma, nullptr, warps);
+          const bool compiled = warps == 4 || (hd == 128 && (k.wgmma || k.warp_rows == 16));
+          ASSERT_EQ(e, compiled ? cudaSuccess : cudaErrorInvalidValue) << what << ", " << warps << " warps";
+          if (!compiled) continue;
+          CUDA_OK(cudaDeviceSynchronize());
+          const auto got_w = d_out.download();
+          EXPECT_TRUE(got_w == want) << what << ", " << warps << " warps: " << first_difference(got_w, want, heads, hd);
+        }
         // The same row as the last of a 70-row chunk.
         if (S == 1 && lens[0] >= 70) {
           const int n = 70;
@@ -1587,6 +1601,8 @@ TEST_F(CudaKernels, InvariantDecodeAttentionGivesThePrefillKernelsBits) {
   EXPECT_EQ(launch_decode_attention_invariant(bad, 1, false, nullptr), cudaErrorInvalidValue);
   bad.head_dim = 64;
   EXPECT_EQ(launch_decode_attention_invariant(bad, 1, true, nullptr), cudaErrorInvalidValue);  // wgmma: head_dim 128
+  bad.head_dim = 128;
+  EXPECT_EQ(launch_decode_attention_invariant(bad, 1, true, nullptr, 6), cudaErrorInvalidValue);  // no 6-warp kernel
 }
 
 TEST_F(CudaKernels, SamplingMatchesTheEngineSampler) {

@@ -3,7 +3,7 @@
 // row gets the bits that the prefill kernel gives the same query at the same
 // position (as a 1-row tile, or inside any longer chunk).
 //
-// One CTA (four warps) per (kv head, sequence) serves the kv head's whole GQA
+// One CTA (four or eight warps) per (kv head, sequence) serves the kv head's whole GQA
 // group: its query heads are rows 0 .. group-1 of one m16 MMA tile (rows past
 // the group are zero and never stored), so K and V are read once per kv head.
 // The context is walked in the prefill kernel's softmax steps from key 0, and
@@ -33,7 +33,7 @@
 // w computes the scores of its n8 blocks of keys (all of head_dim's k16 steps),
 // the warps meet in shared memory for the step's maximum and again for P (bf16
 // pairs, and the fp32 pair sums, laid out by quad lane, so every warp forms the
-// prefill kernel's sums itself), then warp w accumulates its quarter of
+// prefill kernel's sums itself), then warp w accumulates its share of
 // head_dim's n8 blocks over all of the step's keys.
 //
 // Softmax steps (kStep keys, kChains sum chains) per prefill kernel:
@@ -68,8 +68,6 @@ namespace {
 using dev::fast_exp2;
 using dev::kLog2e;
 
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
 constexpr int kTileKeys = 64;  // keys per K/V tile (the prefill kernels' key tiles)
 constexpr int kMaxRows = 8;    // query heads of a group: rows 0..7 of the m16 tile
 static_assert(kMaxGqaGroup <= kMaxRows, "a group's heads are rows 0..7 of A (rows 8..15 zero)");
@@ -80,7 +78,7 @@ constexpr int kLd = kHeadDim + 8;  // bf16 per shared-memory row: ldmatrix rows 
 template <int kHeadDim>
 constexpr size_t kStageBytes = static_cast<size_t>(2 * kTileKeys * kLd<kHeadDim>) * sizeof(bf16);
 
-template <int kHeadDim, int kStep>
+template <int kHeadDim, int kStep, int kWarps>
 struct InvariantDecodeSmem {
   __align__(16) bf16 q[kMaxRows][kLd<kHeadDim>];  // the group's query heads, after q norm + RoPE
   __align__(16) bf16 new_k[kHeadDim];             // the new token's K and V rows
@@ -92,8 +90,11 @@ struct InvariantDecodeSmem {
 };
 
 // kStep, kChains: the softmax steps and row-sum chains of the prefill kernel matched (header).
-template <int kHeadDim, int kStep, int kChains, int kStages>
-__global__ __launch_bounds__(kThreads) void decode_attention_invariant_kernel(AttentionArgs a) {
+// kWarps: 4, or 8 (one n8 block of a 64-key step's scores and two of head_dim 128's P V per
+// warp: twice the warps to hide each step's dependent chains, the same chains).
+template <int kHeadDim, int kStep, int kChains, int kStages, int kWarps>
+__global__ __launch_bounds__(32 * kWarps) void decode_attention_invariant_kernel(AttentionArgs a) {
+  constexpr int kThreads = 32 * kWarps;
   constexpr int LD = kLd<kHeadDim>;
   constexpr int kChunks = kHeadDim / 8;             // 16-byte chunks per row
   constexpr int kKSteps = kHeadDim / 16;            // k16 steps of Q K^T
@@ -101,13 +102,14 @@ __global__ __launch_bounds__(kThreads) void decode_attention_invariant_kernel(At
   constexpr int kWarpBlocks = kStepBlocks / kWarps;  // of them per warp (scores)
   constexpr int kDimBlocks = kHeadDim / 8 / kWarps;  // n8 blocks of head_dim per warp (P V)
   constexpr int kStepsPerTile = kTileKeys / kStep;
-  static_assert(kWarpBlocks == 1 || kWarpBlocks == 2, "a warp's keys: one or two n8 blocks");
+  static_assert(kWarpBlocks * kWarps == kStepBlocks && (kWarpBlocks == 1 || kWarpBlocks == 2),
+                "a warp's keys: one or two n8 blocks");
   static_assert(kDimBlocks % 2 == 0 && kKSteps % 2 == 0, "V and K fragments in pairs");
   static_assert(kChains == 1 || (kChains == 2 && kStepBlocks % 2 == 0), "one chain, or an even and an odd");
   static_assert(kStages >= 2, "a ring of at least two stages");
   extern __shared__ __align__(16) unsigned char ring_raw[];
   bf16* const ring = reinterpret_cast<bf16*>(ring_raw);  // [kStages][K, V][kTileKeys][LD]
-  __shared__ InvariantDecodeSmem<kHeadDim, kStep> sm;
+  __shared__ InvariantDecodeSmem<kHeadDim, kStep, kWarps> sm;
 
   const int kvh = blockIdx.x, dslot = blockIdx.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -383,10 +385,10 @@ __global__ __launch_bounds__(kThreads) void decode_attention_invariant_kernel(At
   dev::trace_mark(a.trace, kTraceEnd);
 }
 
-template <int kHeadDim, int kStep, int kChains, int kStages>
+template <int kHeadDim, int kStep, int kChains, int kStages, int kWarps>
 cudaError_t launch_with(const AttentionArgs& a, int num_decode, const LaunchConfig& launch) {
   constexpr size_t bytes = kStages * kStageBytes<kHeadDim>;
-  auto* const kernel = decode_attention_invariant_kernel<kHeadDim, kStep, kChains, kStages>;
+  auto* const kernel = decode_attention_invariant_kernel<kHeadDim, kStep, kChains, kStages, kWarps>;
   // All of the SM's unified memory as shared memory where two stages leave room for three CTAs.
   static const cudaError_t attr = [&] {
     const cudaError_t e =
@@ -395,37 +397,47 @@ cudaError_t launch_with(const AttentionArgs& a, int num_decode, const LaunchConf
     return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   }();
   if (attr != cudaSuccess) return attr;
-  return launch_kernel(kernel, dim3(a.num_kv_heads, num_decode), kThreads, bytes, launch, a);
+  return launch_kernel(kernel, dim3(a.num_kv_heads, num_decode), 32 * kWarps, bytes, launch, a);
 }
 
 // A grid of at most half as many CTAs as SMs (batch 8 at 8 kv heads) takes four
 // stages (its first 256 keys requested before the wait; 139 KB at head_dim 128,
 // one CTA per SM, with room for the next GEMV's CTAs, as the default decode
-// kernel's clusters of that size take); a larger one two, so that three CTAs share
-// an SM. The same bits either way.
+// kernel's clusters of that size take) and, at head_dim 128 with 64-key steps,
+// eight warps (kDecodeInvariantWarps: one CTA per SM has the schedulers to
+// spare); a larger one two stages and four warps, so that three CTAs share an
+// SM. The same bits either way.
 template <int kHeadDim, int kStep, int kChains>
-cudaError_t launch_for(const AttentionArgs& a, int num_decode, const LaunchConfig& launch) {
-  if (2L * num_decode * a.num_kv_heads <= sm_count())
-    return launch_with<kHeadDim, kStep, kChains, 4>(a, num_decode, launch);
-  return launch_with<kHeadDim, kStep, kChains, 2>(a, num_decode, launch);
+cudaError_t launch_for(const AttentionArgs& a, int num_decode, int warps, const LaunchConfig& launch) {
+  constexpr bool kEightWarps = kHeadDim == 128 && kStep == 64;
+  const bool small = 2L * num_decode * a.num_kv_heads <= sm_count();
+  if (warps == 0) warps = small && kEightWarps ? kDecodeInvariantWarps : 4;
+  if (warps != 4 && (warps != 8 || !kEightWarps)) return cudaErrorInvalidValue;
+  if constexpr (kEightWarps) {
+    if (warps == 8)
+      return small ? launch_with<kHeadDim, kStep, kChains, 4, 8>(a, num_decode, launch)
+                   : launch_with<kHeadDim, kStep, kChains, 2, 8>(a, num_decode, launch);
+  }
+  return small ? launch_with<kHeadDim, kStep, kChains, 4, 4>(a, num_decode, launch)
+               : launch_with<kHeadDim, kStep, kChains, 2, 4>(a, num_decode, launch);
 }
 
 }  // namespace
 
 cudaError_t launch_decode_attention_invariant(const AttentionArgs& args, int num_decode, bool wgmma,
-                                              LaunchConfig launch) {
+                                              LaunchConfig launch, int warps) {
   if (num_decode <= 0) return cudaSuccess;
   if (!attention_supported(args.num_heads, args.num_kv_heads, args.head_dim) || num_decode > 65535)
     return cudaErrorInvalidValue;
   if (wgmma) {
     if (!prefill_wgmma_supported(args.num_heads, args.num_kv_heads, args.head_dim)) return cudaErrorInvalidValue;
-    return launch_for<128, 64, 2>(args, num_decode, launch);
+    return launch_for<128, 64, 2>(args, num_decode, warps, launch);
   }
   if (!prefill_warp_rows_supported(args.prefill_warp_rows)) return cudaErrorInvalidValue;
-  if (args.head_dim == 64) return launch_for<64, 64, 1>(args, num_decode, launch);
+  if (args.head_dim == 64) return launch_for<64, 64, 1>(args, num_decode, warps, launch);
   // attention_prefill.cu: 32-key softmax steps where a warp's o is 32 x 128.
-  return args.prefill_warp_rows == 32 ? launch_for<128, 32, 1>(args, num_decode, launch)
-                                      : launch_for<128, 64, 1>(args, num_decode, launch);
+  return args.prefill_warp_rows == 32 ? launch_for<128, 32, 1>(args, num_decode, warps, launch)
+                                      : launch_for<128, 64, 1>(args, num_decode, warps, launch);
 }
 
 }  // namespace siesta::cuda

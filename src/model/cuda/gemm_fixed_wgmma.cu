@@ -503,7 +503,26 @@ cudaError_t launch_tma_variant(const CUtensorMap& a_map, const CUtensorMap& w_ma
   const long units =
       static_cast<long>(((M + 127) / 128 + kCluster - 1) / kCluster) * ((N + BN - 1) / BN) * splits;
   if (units > 0x7fffffffL) return cudaErrorInvalidValue;
-  const unsigned clusters = static_cast<unsigned>(std::min<long>(units, sm_count() / kCluster));
+  long most = sm_count() / kCluster;
+  if constexpr (kCluster > 1) {
+    // Clusters must fit in one GPC each: as many as can run at once, not SMs / 2.
+    static const int active = [&] {
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(static_cast<unsigned>(sm_count()));
+      cfg.blockDim = dim3(384);
+      cfg.dynamicSmemBytes = tma_smem_bytes<BN>();
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = kCluster;
+      attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      int n = 0;
+      return cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess ? n : 0;
+    }();
+    if (active > 0) most = std::min<long>(most, active);
+  }
+  const unsigned clusters = static_cast<unsigned>(std::min<long>(units, most));
   return launch_kernel_cluster(kernel, dim3(clusters * kCluster), 384, tma_smem_bytes<BN>(), launch, kCluster, a_map,
                                w_map, out, partial, M, N, K, splits);
 }

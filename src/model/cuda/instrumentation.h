@@ -52,6 +52,13 @@ struct InstrumentationOptions {
   // memory takes at every projection's K (8 for the 0.6B shape, 3 for the 8B). Results differ
   // between the two by rounding (not in batch-invariant mode: the canonical GEMV).
   int gemv_max_rows = -1;
+  // Batch-invariant mode: the fixed-order GEMM kernel of the projections (kernels.h:
+  // FixedGemmOptions::kernel; 0 chosen per shape, 4 the TMA kernel in clusters of two sharing
+  // each weight tile). The same bits with every kernel.
+  int fixed_gemm_kernel = 0;
+  // Batch-invariant mode: warps per CTA of the decode attention kernel (kernels.h:
+  // launch_decode_attention_invariant; 4 or 8, 0 chooses). The same bits with either.
+  int invariant_decode_warps = 0;
   // Time each kernel group with CUDA events between eager launches (no graphs);
   // read with profile(). For finding where time goes, not for speed.
   bool profile = false;

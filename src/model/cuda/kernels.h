@@ -221,8 +221,12 @@ cudaError_t launch_prefill_attention_wgmma(const AttentionArgs& args, int num_it
 // kv head. With args.qkv (a pure decode pass) it does q/k norm + RoPE and the KV
 // write itself, as launch_decode_attention does; otherwise q and the new K/V row
 // are what launch_qk_norm_rope_kv wrote. Padding sequences (kv_len 0) get zeros.
+// warps: per CTA, 4 or 8 (8: head_dim 128 with 64-key softmax steps only); 0 chooses
+// (kDecodeInvariantWarps for grids of at most half the SMs, else 4). The same bits
+// with either.
+inline constexpr int kDecodeInvariantWarps = 8;
 cudaError_t launch_decode_attention_invariant(const AttentionArgs& args, int num_decode, bool wgmma,
-                                              LaunchConfig launch);
+                                              LaunchConfig launch, int warps = 0);
 
 // Small-batch projection y[m, n] = sum_k a[m, k] * w[n, k] for M <= kGemvMaxRows,
 // streaming w once through tensor-core MMAs (fp32 accumulation; a row's values

@@ -281,9 +281,11 @@ Result<PassDevice> CudaQwen3::Impl::upload(const cuda::StepPlan& plan, size_t sa
 
 Result<void> CudaQwen3::Impl::linear(const bf16* a, const bf16* w, void* out, bool out_f32, int M, int N, int K) {
   if (opt.batch_invariant)
-    return cuda::cuda_result(
-        cuda::launch_fixed_gemm(a, w, out, out_f32, M, N, K, launch(), {scratch.gemm_ws, kGemmWorkspaceBytes}),
-        "fixed-order GEMM");
+    return cuda::cuda_result(cuda::launch_fixed_gemm(a, w, out, out_f32, M, N, K, launch(),
+                                                     {.workspace = scratch.gemm_ws,
+                                                      .workspace_bytes = kGemmWorkspaceBytes,
+                                                      .kernel = opt.instrumentation.fixed_gemm_kernel}),
+                             "fixed-order GEMM");
   return gemm->run(a, w, out, out_f32, M, N, K, stream);
 }
 
@@ -375,7 +377,8 @@ Result<void> CudaQwen3::Impl::enqueue_layers(const PassDevice& p) {
     aa.trace = trace_slot(5 * l + 1);
     if (opt.batch_invariant) {
       // Each row as the pass's prefill kernel computes it (kernels.h).
-      SIESTA_CUDA_TRY(cuda::launch_decode_attention_invariant(aa, p.D, use_prefill_wgmma(), launch()),
+      SIESTA_CUDA_TRY(cuda::launch_decode_attention_invariant(aa, p.D, use_prefill_wgmma(), launch(),
+                                                              opt.instrumentation.invariant_decode_warps),
                       "decode attention (batch-invariant)");
       if (p.D > 0) instr->mark("attention_decode_invariant");
     } else {
@@ -603,6 +606,15 @@ Result<std::unique_ptr<CudaQwen3>> CudaQwen3::create(const ModelConfig& cfg, con
     return invalid_argument("CUDA model: prefill_warp_rows " +
                             std::to_string(options.instrumentation.prefill_warp_rows) +
                             " is not compiled (16 or 32; 0 chooses)");
+  if (options.instrumentation.invariant_decode_warps != 0 && options.instrumentation.invariant_decode_warps != 4 &&
+      options.instrumentation.invariant_decode_warps != 8)
+    return invalid_argument("CUDA model: invariant_decode_warps " +
+                            std::to_string(options.instrumentation.invariant_decode_warps) +
+                            " is not compiled (4 or 8; 0 chooses)");
+  if (options.instrumentation.fixed_gemm_kernel < 0 || options.instrumentation.fixed_gemm_kernel > 4)
+    return invalid_argument("CUDA model: fixed_gemm_kernel " +
+                            std::to_string(options.instrumentation.fixed_gemm_kernel) +
+                            " is not a kernel (0 chooses; 1 to 4)");
 
   int devices = 0;
   SIESTA_CUDA_TRY(cudaGetDeviceCount(&devices), "looking for a CUDA device");
