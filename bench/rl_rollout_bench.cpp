@@ -5,8 +5,8 @@
 //   rl_rollout_bench --model DIR [--shape NAME] [--device cuda|cpu] [--sequences 256] [--prompt 1024]
 //                    [--output 4096] [--temperature 0] [--seed 1] [--gpu-memory-utilization 0.9]
 //                    [--kv-cache-memory-bytes N] [--max-num-batched-tokens 2048] [--threads N]
-//                    [--allow-preemption] [--no-batch-invariant] [--lone-prompt 1024] [--lone-output 64] [--lone-repeat
-//                    3]
+//                    [--allow-preemption] [--no-batch-invariant] [--lone-prompt 1024] [--lone-output 64]
+//                    [--lone-repeat 3]
 //                    [--bin-steps 256] [--timeout-s 3600] [--out FILE.json] [--commit SHA] [--log-level warn]
 //
 // The engine is made as a vLLM user would start one for this shape:
