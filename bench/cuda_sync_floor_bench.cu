@@ -21,19 +21,23 @@
 // O, gate/up, down: 28 layers of distinct weights in a graph, with and without
 // programmatic launch), per layer: what the projections cost without attention;
 // and the same chain reading one layer's weights 28 times (from L2).
+// And the latency of a chain of dependent bf16 m16n8k16 MMAs (mma_chain_*: one
+// warp per SM, 1, 2, 4 or 8 independent accumulators, clock64 cycles per MMA):
+// what one fp32 chain over a whole K would cost a batch-1 GEMV (K / 16 MMAs,
+// none of which may start before the one before it ends).
 #include <cuda_runtime.h>
-
-#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "model/cuda/kernels.h"
+#include "model/cuda/mma.cuh"
 
 namespace {
 
@@ -169,6 +173,41 @@ double per_step_us(cudaStream_t stream, int steps, int repeat, Body body) {
   const float ms = stream_ms(stream, repeat, [&] { CHECK(cudaGraphLaunch(exec, stream)); });
   CHECK(cudaGraphExecDestroy(exec));
   return 1000.0 * ms / repeat / steps;
+}
+
+// `steps` rounds of kChains independent m16n8k16 MMAs, each accumulating into
+// its own fp32 registers; lane 0 writes the cycles the rounds took.
+template <int kChains>
+__global__ void mma_chain_kernel(int steps, float* out, long long* cycles) {
+  const uint32_t a[4] = {0x3c003c00u + threadIdx.x, 0x3c013c01u, 0x3c023c02u, 0x3c033c03u};
+  const uint32_t b0 = 0x3c043c04u, b1 = 0x3c053c05u;
+  float d[kChains][4] = {};
+  __syncwarp();
+  const long long t0 = clock64();
+  for (int s = 0; s < steps; ++s) {
+#pragma unroll
+    for (int c = 0; c < kChains; ++c) siesta::cuda::dev::mma_bf16(d[c], a, b0, b1);
+  }
+  float sum = 0;
+#pragma unroll
+  for (int c = 0; c < kChains; ++c) sum += d[c][0] + d[c][1] + d[c][2] + d[c][3];
+  const long long t1 = clock64();
+  out[blockIdx.x * 32 + threadIdx.x] = sum;
+  if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+}
+
+// Mean cycles per round of mma_chain_kernel<kChains> over one warp per SM.
+template <int kChains>
+double mma_chain_cycles(int sms, int steps, float* out, long long* cycles, cudaStream_t stream) {
+  mma_chain_kernel<kChains><<<sms, 32, 0, stream>>>(steps, out, cycles);  // warm-up
+  mma_chain_kernel<kChains><<<sms, 32, 0, stream>>>(steps, out, cycles);
+  CHECK(cudaGetLastError());
+  std::vector<long long> host(sms);
+  CHECK(cudaMemcpyAsync(host.data(), cycles, sms * sizeof(long long), cudaMemcpyDeviceToHost, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  double total = 0;
+  for (long long c : host) total += static_cast<double>(c);
+  return total / sms / steps;
 }
 
 }  // namespace
@@ -346,6 +385,30 @@ int main(int argc, char** argv) {
     r["gemv_layer_bytes"] = per_layer * sizeof(bf16);
     CHECK(cudaFree(w));
     CHECK(cudaFree(act));
+  }
+
+  // Dependent MMA chains: cycles per MMA with 1 chain is the latency a single
+  // fp32 chain over K pays K / 16 times; with 8 chains, the issue rate.
+  {
+    float* out = nullptr;
+    long long* cycles = nullptr;
+    CHECK(cudaMalloc(&out, sms * 32 * sizeof(float)));
+    CHECK(cudaMalloc(&cycles, sms * sizeof(long long)));
+    const int rounds = 4096;
+    const double c1 = mma_chain_cycles<1>(sms, rounds, out, cycles, stream);
+    const double c2 = mma_chain_cycles<2>(sms, rounds, out, cycles, stream) / 2;
+    const double c4 = mma_chain_cycles<4>(sms, rounds, out, cycles, stream) / 4;
+    const double c8 = mma_chain_cycles<8>(sms, rounds, out, cycles, stream) / 8;
+    int clock_khz = 0;
+    CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
+    r["mma_chain_cycles_per_mma"] = {{"chains_1", c1}, {"chains_2", c2}, {"chains_4", c4}, {"chains_8", c8}};
+    r["mma_chain_clock_mhz"] = clock_khz / 1000.0;
+    // One chain over K at the attribute's clock: K / 16 dependent MMAs.
+    nlohmann::json single;
+    for (int k : {1024, 2048, 3072, 4096, 12288}) single["K" + std::to_string(k)] = k / 16 * c1 / (clock_khz * 1e-3);
+    r["mma_single_chain_us"] = single;
+    CHECK(cudaFree(out));
+    CHECK(cudaFree(cycles));
   }
 
   const std::time_t now = std::time(nullptr);

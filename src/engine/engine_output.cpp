@@ -1,5 +1,7 @@
 #include "engine/engine_output.h"
 
+#include <algorithm>
+
 #include "common/log.h"
 
 namespace siesta {
@@ -71,7 +73,7 @@ void OutputProcessor::process(const std::vector<RequestOutput>& outputs, Schedul
 
     const bool stopped_by_string = live.stops.stopped();
     if (!out.finished() && !stopped_by_string) {
-      if (!delta.empty()) live.stream->push(live.index, std::move(delta));
+      if (!delta.empty()) push_quiet(live, std::move(delta));
       continue;
     }
     RequestOutput final_out = out;
@@ -107,9 +109,23 @@ void OutputProcessor::process(const std::vector<RequestOutput>& outputs, Schedul
     finish.num_output_tokens = live.num_output_tokens;
     finish.num_cached_tokens = final_out.num_cached_tokens;
     if (connector) finish.kv_transfer_params = connector->on_request_finished(live.request, final_out);
-    this->finish(live, std::move(delta), std::move(finish), now);
+    this->finish(live, std::move(delta), std::move(finish), now, /*notify=*/false);
     live_.erase(it);
   }
+  wake_pushed();
+}
+
+void OutputProcessor::push_quiet(Live& live, RequestDelta delta) {
+  live.stream->push(live.index, std::move(delta), /*notify=*/false);
+  // A stream's requests are usually consecutive in a step's outputs.
+  if (pushed_.empty() || pushed_.back() != live.stream) pushed_.push_back(live.stream);
+}
+
+void OutputProcessor::wake_pushed() {
+  std::sort(pushed_.begin(), pushed_.end());
+  pushed_.erase(std::unique(pushed_.begin(), pushed_.end()), pushed_.end());
+  for (const auto& s : pushed_) s->notify();
+  pushed_.clear();
 }
 
 void OutputProcessor::finish_aborted(const RequestId& id, const RequestOutput* aborted, std::optional<Status> error,
@@ -123,15 +139,18 @@ void OutputProcessor::finish_aborted(const RequestId& id, const RequestOutput* a
   finish.num_output_tokens = live.num_output_tokens;
   if (aborted) finish.num_cached_tokens = aborted->num_cached_tokens;
   finish.error = std::move(error);
-  this->finish(live, RequestDelta{}, std::move(finish), now);
+  this->finish(live, RequestDelta{}, std::move(finish), now, /*notify=*/true);
   live_.erase(it);
 }
 
-void OutputProcessor::finish(Live& live, RequestDelta delta, RequestFinish finish, Clock::time_point now) {
+void OutputProcessor::finish(Live& live, RequestDelta delta, RequestFinish finish, Clock::time_point now, bool notify) {
   metrics_.record_finish(finish.reason, seconds(now - live.arrival));
   if (released_) released_(live.request.id);
   delta.finish = std::move(finish);
-  live.stream->push(live.index, std::move(delta));
+  if (notify)
+    live.stream->push(live.index, std::move(delta));
+  else
+    push_quiet(live, std::move(delta));
 }
 
 }  // namespace siesta

@@ -12,6 +12,10 @@
 // the string), even when the same token also reached the length limit, as
 // vLLM does. Stop strings are looked for only in tokens after min_tokens.
 //
+// A step's deltas reach their streams first and wake each stream's consumer
+// once after, so a stream of many requests (one submit of a batch) is not
+// woken, and its lock taken from the loop, once per request.
+//
 // Not thread-safe: owned and called by the engine loop.
 #pragma once
 
@@ -68,12 +72,16 @@ class OutputProcessor {
     int32_t num_output_tokens = 0;
   };
 
-  void finish(Live& live, RequestDelta delta, RequestFinish finish, Clock::time_point now);
+  // Pushes without waking the stream's consumer; wake_pushed() wakes each once.
+  void push_quiet(Live& live, RequestDelta delta);
+  void wake_pushed();
+  void finish(Live& live, RequestDelta delta, RequestFinish finish, Clock::time_point now, bool notify);
 
   const Tokenizer& tokenizer_;
   EngineMetrics& metrics_;
   std::function<void(const RequestId&)> released_;
   std::unordered_map<RequestId, Live> live_;
+  std::vector<std::shared_ptr<StreamState>> pushed_;  // streams pushed to in this process() call
 };
 
 }  // namespace siesta

@@ -5,7 +5,7 @@ namespace siesta {
 StreamState::StreamState(std::vector<RequestId> ids)
     : ids_(std::move(ids)), pending_(ids_.size()), has_pending_(ids_.size(), false), finished_(ids_.size(), false) {}
 
-void StreamState::push(size_t index, RequestDelta delta) {
+void StreamState::push(size_t index, RequestDelta delta, bool notify) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (index >= ids_.size() || finished_[index]) return;
@@ -16,7 +16,7 @@ void StreamState::push(size_t index, RequestDelta delta) {
     pending_[index].append(std::move(delta));
     has_pending_[index] = true;
   }
-  cv_.notify_all();
+  if (notify) cv_.notify_all();
 }
 
 bool StreamState::anything_pending() const {

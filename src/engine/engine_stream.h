@@ -47,8 +47,11 @@ class StreamState {
  public:
   explicit StreamState(std::vector<RequestId> ids);
 
-  // Producer. Deltas after a request's finish are dropped.
-  void push(size_t index, RequestDelta delta);
+  // Producer. Deltas after a request's finish are dropped. With notify false
+  // the consumer is not woken until notify(): a producer that pushes many
+  // deltas into one stream in a step wakes its consumer once.
+  void push(size_t index, RequestDelta delta, bool notify = true);
+  void notify() { cv_.notify_all(); }
 
   // Consumer. Empty when nothing arrived before the deadline (or everything was delivered).
   std::vector<IndexedDelta> next(Deadline deadline);

@@ -66,11 +66,11 @@ struct Collected {
 };
 
 // Drains a stream; every wait has a deadline, and the whole drain too.
-std::vector<Collected> drain(OutputStream& s, Clock::duration limit = 60s) {
+std::vector<Collected> drain(OutputStream& s, Clock::duration limit = 60s, Clock::duration wait = 100ms) {
   std::vector<Collected> out(s.size());
   const auto end = Clock::now() + limit;
   while (!s.finished() && Clock::now() < end) {
-    for (IndexedDelta& d : s.next(Clock::now() + 100ms)) {
+    for (IndexedDelta& d : s.next(Clock::now() + wait)) {
       Collected& c = out[d.index];
       EXPECT_FALSE(c.finish) << "delta after the finish";
       c.text += d.delta.text;
@@ -159,6 +159,33 @@ TEST(EngineLoop, ConcurrentSubmissionsMatchRunsAlone) {
   EXPECT_EQ(m.finished(FinishReason::kLength), 12u);
   EXPECT_EQ(m.num_requests_running, 0);
   EXPECT_EQ(m.kv_cache_usage, 0.0);
+}
+
+// Every step wakes the consumers it pushed to: a consumer that waits with a
+// deadline far beyond the run is woken by each step, whether its stream holds
+// one request or several (whose deltas reach it together, one wake per step).
+TEST(EngineLoop, EachStepWakesItsConsumers) {
+  auto e = make_engine();
+  const auto t0 = Clock::now();
+  auto batch = e->submit({request("b0", prompt(1, 12), 8, false), request("b1", prompt(2, 9), 8, true),
+                          request("b2", prompt(3, 15), 8, false)});
+  auto single = e->submit({request("s", prompt(4, 10), 8, false)});
+  ASSERT_TRUE(batch && single);
+  std::vector<Collected> from_batch, from_single;
+  std::thread other([&] { from_single = drain(*single, 120s, 100s); });
+  from_batch = drain(*batch, 120s, 100s);
+  other.join();
+  // Each drain waited on next() with a 100 s deadline: only wake-ups end those waits early.
+  EXPECT_LT(Clock::now() - t0, 60s);
+  ASSERT_EQ(from_batch.size(), 3u);
+  ASSERT_EQ(from_single.size(), 1u);
+  for (const Collected& c : from_batch) {
+    ASSERT_TRUE(c.finish);
+    EXPECT_EQ(c.tokens.size(), 8u);
+  }
+  ASSERT_TRUE(from_single[0].finish);
+  EXPECT_EQ(from_single[0].tokens.size(), 8u);
+  EXPECT_EQ(from_batch[0].tokens, run_one(*e, request("b0", prompt(1, 12), 8, false)).tokens);
 }
 
 TEST(EngineLoop, SubmitValidates) {
