@@ -4,12 +4,14 @@
 // the same run. Each time is the median of 20 launches (CUDA events) after
 // 3 untimed ones, bf16 output, fp32 for the LM head.
 //
-// --cublas-tiles M,...: at these row counts, also every cuBLASLt configuration
-// without split K (each algorithm at each of its tile shapes and stage counts
-// that cublasLtMatmulAlgoCheck accepts, tiles of 64 to 256 a side, for at most
-// 15 s per GEMM), timed as the median of 7 launches, and
-// the fastest at each tile shape: what cuBLASLt itself reaches when its output
-// tile is held to the fixed GEMM's 128 x 128, against its best at any tile.
+// --cublas-tiles M,...: at these row counts, also cuBLASLt held to one tile
+// shape at a time, unsplit: the heuristic's list (64 entries at most; its
+// first is what the default mode runs), each entry again at every tile shape
+// of 64 to 256 a side, and every algorithm id at each of its tiles and stage
+// counts; each configuration that cublasLtMatmulAlgoCheck accepts timed as
+// the median of 7 launches (15 s per GEMM at most), the fastest kept per tile
+// shape: what cuBLASLt reaches with its output tile held to the fixed GEMM's
+// 128 x 128, against its best at any tile.
 //
 //   cuda_gemm_bench [--out FILE.json] [--commit SHA] [--m 16,32,64,128,256,512,4096]
 //                   [--cublas-tiles 4096]
@@ -19,13 +21,16 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -135,34 +140,77 @@ nlohmann::json cublas_tiles(cublasLtHandle_t lt, const cuda::bf16* x, const cuda
     return tile;
   };
   nlohmann::json doc;
-  {  // the heuristic's first choice, as the default mode takes it
+  auto config = [](const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+    uint32_t v = 0;
+    size_t n = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &n);
+    return v;
+  };
+  std::map<std::string, nlohmann::json> best;  // per tile: fastest unsplit configuration
+  std::set<std::array<uint64_t, 8>> seen;
+  int tried = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  // Times one configuration (once) if cuBLASLt accepts it unsplit.
+  auto consider = [&](const cublasLtMatmulAlgo_t& algo, const char* source) {
+    std::array<uint64_t, 8> key;
+    std::memcpy(key.data(), algo.data, sizeof(key));
+    if (!seen.insert(key).second || std::chrono::steady_clock::now() > deadline) return;
+    const std::string name = tile_name(tile_of(algo));
+    if (name.empty() || config(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1) return;
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(lt, op, la, lb, lc, lc, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
+        check.workspaceSize > ws_bytes)
+      return;
+    const double us = time_algo(algo);
+    ++tried;
+    if (!best.count(name) || us < best[name]["us"].get<double>())
+      best[name] = {{"us", us},
+                    {"algo_id", config(algo, CUBLASLT_ALGO_CONFIG_ID)},
+                    {"stages_id", config(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID)},
+                    {"cluster_shape_id", config(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)},
+                    {"from", source}};
+  };
+  // The heuristic's list (its first entry is what the default mode runs), and
+  // each entry again at every named tile shape: the Hopper kernels need the
+  // cluster and inner shapes the heuristic fills in.
+  {
     cublasLtMatmulPreference_t pref;
     ok_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
     ok_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
                                                sizeof(ws_bytes)),
           "workspace preference");
-    cublasLtMatmulHeuristicResult_t h{};
+    std::vector<cublasLtMatmulHeuristicResult_t> hs(64);
     int found = 0;
-    ok_lt(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &h, &found), "heuristic");
+    ok_lt(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, static_cast<int>(hs.size()), hs.data(), &found),
+          "heuristic");
     cublasLtMatmulPreferenceDestroy(pref);
-    if (found > 0) {
-      uint32_t splits = 1;
-      size_t n = 0;
-      cublasLtMatmulAlgoConfigGetAttribute(&h.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits), &n);
-      doc["heuristic"] = {{"tile", tile_name(tile_of(h.algo))},
-                          {"tile_id", tile_of(h.algo)},
-                          {"splitk", splits},
-                          {"us", time_algo(h.algo)}};
+    hs.resize(found);
+    if (found > 0)
+      doc["heuristic"] = {{"tile", tile_name(tile_of(hs[0].algo))},
+                          {"tile_id", tile_of(hs[0].algo)},
+                          {"algo_id", config(hs[0].algo, CUBLASLT_ALGO_CONFIG_ID)},
+                          {"splitk", config(hs[0].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)},
+                          {"us", time_algo(hs[0].algo)}};
+    doc["heuristic_results"] = found;
+    for (const auto& h : hs) consider(h.algo, "heuristic");
+    for (const auto& h : hs) {
+      uint32_t tiles_tried[] = {
+          CUBLASLT_MATMUL_TILE_64x128,  CUBLASLT_MATMUL_TILE_128x64,  CUBLASLT_MATMUL_TILE_128x128,
+          CUBLASLT_MATMUL_TILE_128x192, CUBLASLT_MATMUL_TILE_192x128, CUBLASLT_MATMUL_TILE_128x256,
+          CUBLASLT_MATMUL_TILE_256x128, CUBLASLT_MATMUL_TILE_64x256,  CUBLASLT_MATMUL_TILE_256x64};
+      for (uint32_t tile : tiles_tried) {
+        cublasLtMatmulAlgo_t a = h.algo;
+        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile));
+        consider(a, "heuristic, tile changed");
+      }
     }
   }
+  // Every algorithm id at each of its tiles and stage counts, unsplit.
   int ids[256];
   int n_ids = 0;
   ok_lt(
       cublasLtMatmulAlgoGetIds(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, yt, yt, 256, ids, &n_ids),
       "algorithm ids");
-  std::map<std::string, nlohmann::json> best;  // per tile: fastest configuration
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-  int tried = 0;
   for (int i = 0; i < n_ids; ++i) {
     cublasLtMatmulAlgo_t algo;
     if (cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, yt, yt, ids[i], &algo) !=
@@ -170,12 +218,10 @@ nlohmann::json cublas_tiles(cublasLtHandle_t lt, const cuda::bf16* x, const cuda
       continue;
     std::vector<uint32_t> tiles = cap_list<uint32_t>(algo, CUBLASLT_ALGO_CAP_TILE_IDS);
     std::vector<uint32_t> stages = cap_list<uint32_t>(algo, CUBLASLT_ALGO_CAP_STAGES_IDS);
-    if (tiles.empty()) tiles.push_back(CUBLASLT_MATMUL_TILE_UNDEFINED);
     if (stages.empty()) stages.push_back(CUBLASLT_MATMUL_STAGES_UNDEFINED);
     for (uint32_t tile : tiles) {
       if (tile_name(tile).empty()) continue;  // only the tiles of 64 to 256 a side named above
       for (uint32_t stage : stages) {
-        if (std::chrono::steady_clock::now() > deadline) break;
         const uint32_t one = 1;
         const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
         cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile));
@@ -183,15 +229,7 @@ nlohmann::json cublas_tiles(cublasLtHandle_t lt, const cuda::bf16* x, const cuda
         cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one));
         cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &no_reduction,
                                              sizeof(no_reduction));
-        cublasLtMatmulHeuristicResult_t check{};
-        if (cublasLtMatmulAlgoCheck(lt, op, la, lb, lc, lc, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
-            check.workspaceSize > ws_bytes)
-          continue;
-        const double us = time_algo(algo);
-        ++tried;
-        const std::string name = tile_name(tile);
-        if (!best.count(name) || us < best[name]["us"].get<double>())
-          best[name] = {{"us", us}, {"algo_id", ids[i]}, {"stages_id", stage}};
+        consider(algo, "algorithm id");
       }
     }
   }
