@@ -64,9 +64,53 @@ __device__ __forceinline__ void wgmma_step(float (&d)[BN / 2], uint64_t a, uint6
 
 // Stores a 64 x BN fragment set (wgmma.cuh's accumulator layout) at rows bm0..,
 // columns bn0.. of a row-major [M, N] output: fp32, bf16-rounded fp32, or bf16.
+// bf16 with N % 8 == 0 and a 16-byte-aligned output: the four lanes of a quad
+// first trade their column pairs (a 4 x 4 transpose by shuffles), so that each
+// lane stores 8 consecutive columns of one row in one 16-byte store, a quarter
+// of the stores of one pair per lane (the scattered 4-byte stores held the
+// multiplying warps long enough to idle the tensor cores at each tile's end).
 template <int BN, int kKind>  // 0: fp32 as is, 1: fp32 holding bf16, 2: bf16
 __device__ __forceinline__ void store_tile(const float (&d)[BN / 2], void* out, int M, int N, int bm0, int bn0) {
   const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  if constexpr (kKind == 2 && BN % 32 == 0) {
+    if (N % 8 == 0 && (reinterpret_cast<uintptr_t>(out) & 15) == 0) {
+      auto pick = [](uint32_t x0, uint32_t x1, uint32_t x2, uint32_t x3, int i) {
+        return i == 0 ? x0 : i == 1 ? x1 : i == 2 ? x2 : x3;
+      };
+#pragma unroll
+      for (int q = 0; q < BN / 32; ++q) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          // x[b]: this lane's column pair (2t, 2t + 1) of n8 block 4q + b.
+          uint32_t x[4];
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const __nv_bfloat162 v =
+                __floats2bfloat162_rn(d[4 * (4 * q + b) + 2 * half], d[4 * (4 * q + b) + 2 * half + 1]);
+            x[b] = *reinterpret_cast<const uint32_t*>(&v);
+          }
+          // Lane t gathers block 4q + t: at round r, from quad lane (t + r) % 4,
+          // which sends its pair of block (its t - r) % 4.
+          uint32_t y[4];
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const uint32_t send = pick(x[0], x[1], x[2], x[3], (t - r) & 3);
+            y[r] = r == 0 ? send : __shfl_sync(0xffffffffu, send, (lane & ~3) | ((t + r) & 3));
+          }
+          // y[r] holds columns 2 ((t + r) % 4) .. + 1 of the block: back into column order.
+          uint4 v;
+          v.x = pick(y[0], y[1], y[2], y[3], (0 - t) & 3);
+          v.y = pick(y[0], y[1], y[2], y[3], (1 - t) & 3);
+          v.z = pick(y[0], y[1], y[2], y[3], (2 - t) & 3);
+          v.w = pick(y[0], y[1], y[2], y[3], (3 - t) & 3);
+          const int row = bm0 + 16 * warp + g + 8 * half, col = bn0 + 8 * (4 * q + t);
+          if (row < M && col < N)
+            *reinterpret_cast<uint4*>(static_cast<bf16*>(out) + static_cast<size_t>(row) * N + col) = v;
+        }
+      }
+      return;
+    }
+  }
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j) {
     const int col = bn0 + 8 * j + 2 * t;
