@@ -321,11 +321,16 @@ __device__ __forceinline__ uint32_t cluster_cta_rank() {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-// An arrival on the barrier at `bar`'s offset in CTA `cta` of the cluster.
+// An arrival on the barrier at `bar`'s offset in CTA `cta` of the cluster. The
+// arrival only says the wgmmas that read a stage are done (their wait came
+// first), so it carries the default CTA-scope release, as CUTLASS's cluster
+// barriers do; a cluster-scope release (which orders all of the thread's
+// earlier memory operations for the whole cluster) made the clusters half as
+// fast as single CTAs (cuda_gemm_bench, the tma_cluster rows).
 __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(dev::smem_addr(bar)), "r"(cta));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 
 // Work unit u: its output tile's first row and column, and its first segment.
