@@ -1,13 +1,15 @@
 #include "model/cpu/kernels.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "common/thread_pool.h"
 
 namespace siesta::cpu {
 
 namespace {
-constexpr size_t kLanes = 16;
+constexpr size_t kLanes = kDotLanes;
 
 float reduce_lanes(const float (&acc)[kLanes]) {
   // Fixed pairwise tree: (0+8, 1+9, ...), then halves again.
@@ -27,6 +29,44 @@ float dot(const float* a, const float* b, size_t n) {
   }
   for (size_t j = 0; i + j < n; ++j) acc[j] += a[i + j] * b[i + j];
   return reduce_lanes(acc);
+}
+
+void dot_accumulate(float* lanes, const float* a, const float* b, size_t n, size_t k_begin) {
+  float acc[kLanes];
+  std::memcpy(acc, lanes, sizeof acc);
+  // Up to the next multiple of kLanes one element at a time, then whole
+  // blocks and the tail exactly as dot() runs them.
+  size_t i = 0;
+  const size_t head = std::min(n, (kLanes - k_begin % kLanes) % kLanes);
+  for (; i < head; ++i) acc[(k_begin + i) % kLanes] += a[i] * b[i];
+  for (; i + kLanes <= n; i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  for (size_t j = 0; i + j < n; ++j) acc[j] += a[i + j] * b[i + j];
+  std::memcpy(lanes, acc, sizeof acc);
+}
+
+float dot_lanes_sum(const float* lanes) {
+  float acc[kLanes];
+  std::memcpy(acc, lanes, sizeof acc);
+  return reduce_lanes(acc);
+}
+
+void linear_accumulate(const float* x, size_t rows, size_t k, size_t k_begin, const float* w, size_t n_out,
+                       float* lanes, ThreadPool& pool) {
+  pool.parallel_for(
+      n_out,
+      [&](size_t begin, size_t end) {
+        for (size_t j = begin; j < end; ++j) {
+          const float* wj = w + j * k;
+          for (size_t r = 0; r < rows; ++r) dot_accumulate(lanes + (r * n_out + j) * kLanes, x + r * k, wj, k, k_begin);
+        }
+      },
+      /*min_chunk=*/16);
+}
+
+void linear_lanes_sum(const float* lanes, size_t rows, size_t n_out, float* y) {
+  for (size_t i = 0; i < rows * n_out; ++i) y[i] = dot_lanes_sum(lanes + i * kLanes);
 }
 
 void linear(const float* x, size_t rows, size_t k, const float* w, size_t n_out, float* y, ThreadPool& pool) {

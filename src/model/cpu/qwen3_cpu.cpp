@@ -20,20 +20,14 @@ namespace cpu {
 
 namespace {
 
-struct WeightSlot {
-  std::string name;
-  std::vector<int64_t> shape;
-  const float** dest;
-};
-
 int64_t numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
 }
 
-// Every tensor of a Qwen3 checkpoint with this config, in arena order, and
-// where its pointer goes in w.
+}  // namespace
+
 std::vector<WeightSlot> weight_slots(const ModelConfig& cfg, Weights& w) {
   const int64_t hidden = cfg.hidden_size, inter = cfg.intermediate_size, vocab = cfg.vocab_size;
   const int64_t q_dim = cfg.q_dim(), kv_dim = cfg.kv_dim(), head_dim = cfg.head_dim;
@@ -59,8 +53,6 @@ std::vector<WeightSlot> weight_slots(const ModelConfig& cfg, Weights& w) {
   if (!cfg.tie_word_embeddings) specs.push_back({"lm_head.weight", {vocab, hidden}, &w.lm_head});
   return specs;
 }
-
-}  // namespace
 
 std::map<std::string, TensorPlace> tensor_places(const ModelConfig& cfg) {
   Weights w;
@@ -170,6 +162,7 @@ Result<void> CpuQwen3::require_resident_weights(const std::string& where) const 
   return {};
 }
 
+namespace cpu {
 namespace {
 
 // Checked tensors and where they go in the arena; apply() converts them
@@ -177,11 +170,7 @@ namespace {
 // mapped files, or the shared memory) open until destroyed.
 class CpuWeightWrite final : public PreparedWeightUpdate {
  public:
-  struct Write {
-    TensorView view;
-    std::span<float> dst;
-  };
-  CpuWeightWrite(ThreadPool& threads, WeightUpdateReport report, std::vector<Write> writes,
+  CpuWeightWrite(ThreadPool& threads, WeightUpdateReport report, std::vector<WeightWrite> writes,
                  std::optional<TensorStore> store, std::optional<SharedWeightFile> file)
       : threads_(threads),
         report_(std::move(report)),
@@ -208,38 +197,33 @@ class CpuWeightWrite final : public PreparedWeightUpdate {
  private:
   ThreadPool& threads_;
   WeightUpdateReport report_;
-  std::vector<Write> writes_;
+  std::vector<WeightWrite> writes_;
   std::optional<TensorStore> store_;
   std::optional<SharedWeightFile> file_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<PreparedWeightUpdate>> CpuQwen3::prepare_weight_update(const WeightUpdate& update) {
-  return prepare_update(update, "update_weights");
-}
-
-Result<std::unique_ptr<PreparedWeightUpdate>> CpuQwen3::prepare_update(const WeightUpdate& update,
-                                                                      const std::string& call) {
+Result<std::unique_ptr<PreparedWeightUpdate>> prepare_weight_writes(const ModelConfig& cfg,
+                                                                     const WeightUpdate& update,
+                                                                     const std::string& call, ThreadPool& threads,
+                                                                     const ResidentCheck& resident,
+                                                                     const WeightTargets& targets) {
   const auto start = std::chrono::steady_clock::now();
-  const std::map<std::string, cpu::TensorPlace> places = cpu::tensor_places(cfg_);
-  const std::vector<TensorSpec> specs = updatable_tensors(cfg_);
-  auto dst = [&](const std::string& name) {
-    const cpu::TensorPlace& p = places.at(name);
-    return std::span<float>(w_.arena.data() + p.offset, p.numel);
-  };
+  const std::vector<TensorSpec> specs = updatable_tensors(cfg);
   WeightUpdateReport report;
   report.source = update.source;
-  std::vector<CpuWeightWrite::Write> writes;
+  std::vector<WeightWrite> writes;
+  int64_t tensors = 0;
   std::optional<TensorStore> kept_store;
   std::optional<SharedWeightFile> kept_file;
   switch (update.source) {
     case WeightSource::kDir: {
       const std::string where = call + " from " + update.path.string();
-      SIESTA_TRY(require_resident_weights(where));
+      SIESTA_TRY(resident(where));
       auto next = ModelConfig::load(update.path);
       if (!next) return next.error().with_context(where);
-      if (const std::string diff = architecture_differences(cfg_, *next); !diff.empty())
+      if (const std::string diff = architecture_differences(cfg, *next); !diff.empty())
         return invalid_argument(where + ": the checkpoint has a different architecture (" + diff +
                                 "); an in-place weight update needs the same shapes. Serve that model from a new "
                                 "siesta serve instead");
@@ -250,18 +234,19 @@ Result<std::unique_ptr<PreparedWeightUpdate>> CpuQwen3::prepare_update(const Wei
         if (!v) return v.error().with_context(where);
         report.bytes += v->nbytes;
         report.written.push_back(static_cast<int>(i));
-        writes.push_back({std::move(*v), dst(specs[i].name)});
+        targets(specs[i].name, *v, writes);
+        ++tensors;
       }
       report.from = update.path.string();
       kept_store = std::move(*store);
       break;
     }
     case WeightSource::kShm: {
-      SIESTA_TRY(require_resident_weights(call + " (shm)"));
+      SIESTA_TRY(resident(call + " (shm)"));
       SIESTA_ASSIGN_OR_RETURN(SharedWeightFile file, SharedWeightFile::open(update));
       const uint64_t size = file.bytes();
       SIESTA_ASSIGN_OR_RETURN(std::vector<int> index,
-                              check_pushed_tensors(cfg_, specs, update, std::span<const uint64_t>(&size, 1)));
+                              check_pushed_tensors(cfg, specs, update, std::span<const uint64_t>(&size, 1)));
       for (size_t i = 0; i < update.tensors.size(); ++i) {
         const PushedTensor& t = update.tensors[i];
         if (index[i] < 0) {
@@ -270,7 +255,8 @@ Result<std::unique_ptr<PreparedWeightUpdate>> CpuQwen3::prepare_update(const Wei
         }
         report.bytes += pushed_tensor_bytes(t);
         report.written.push_back(index[i]);
-        writes.push_back({file.view(t), dst(t.name)});
+        targets(t.name, file.view(t), writes);
+        ++tensors;
       }
       report.from = file.name();
       kept_file = std::move(file);
@@ -280,10 +266,27 @@ Result<std::unique_ptr<PreparedWeightUpdate>> CpuQwen3::prepare_update(const Wei
       return invalid_argument("update_weights: the CPU model takes weights from \"shm\" (host shared memory) or "
                               "\"dir\" (a checkpoint); \"cuda_ipc\" needs siesta serve --device cuda");
   }
-  report.tensors = static_cast<int64_t>(writes.size());
+  report.tensors = tensors;
   report.prepare_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return std::unique_ptr<PreparedWeightUpdate>(std::make_unique<CpuWeightWrite>(
-      threads_, std::move(report), std::move(writes), std::move(kept_store), std::move(kept_file)));
+      threads, std::move(report), std::move(writes), std::move(kept_store), std::move(kept_file)));
+}
+
+}  // namespace cpu
+
+Result<std::unique_ptr<PreparedWeightUpdate>> CpuQwen3::prepare_weight_update(const WeightUpdate& update) {
+  return prepare_update(update, "update_weights");
+}
+
+Result<std::unique_ptr<PreparedWeightUpdate>> CpuQwen3::prepare_update(const WeightUpdate& update,
+                                                                      const std::string& call) {
+  const std::map<std::string, cpu::TensorPlace> places = cpu::tensor_places(cfg_);
+  auto targets = [&](const std::string& name, const TensorView& view, std::vector<cpu::WeightWrite>& out) {
+    const cpu::TensorPlace& p = places.at(name);
+    out.push_back({view, std::span<float>(w_.arena.data() + p.offset, p.numel)});
+  };
+  auto resident = [this](const std::string& where) { return require_resident_weights(where); };
+  return cpu::prepare_weight_writes(cfg_, update, call, threads_, resident, targets);
 }
 
 Result<void> CpuQwen3::reload_weights(const std::filesystem::path& model_dir) {

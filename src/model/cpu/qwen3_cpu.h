@@ -28,6 +28,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -39,12 +40,12 @@
 #include "memory/memory_pool.h"
 #include "model/config.h"
 #include "model/forward.h"
+#include "model/safetensors.h"
 #include "model/weight_update.h"
 
 namespace siesta {
 
 class ThreadPool;
-class TensorStore;
 
 namespace cpu {
 
@@ -72,6 +73,17 @@ struct Weights {
   const float* lm_head = nullptr;     // [vocab, hidden]; == embed when tied
 };
 
+// One tensor of a Qwen3 checkpoint: its Hugging Face name and shape, and
+// which pointer of a Weights it sets.
+struct WeightSlot {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float** dest;
+};
+// Every tensor of a Qwen3 checkpoint with this config, in arena order, with
+// its pointer in w (w.layers is sized to the config; lm_head only untied).
+std::vector<WeightSlot> weight_slots(const ModelConfig& cfg, Weights& w);
+
 // Floats the weights of a model with this config take.
 size_t weights_numel(const ModelConfig& cfg);
 
@@ -91,6 +103,28 @@ Result<void> load_weights(const ModelConfig& cfg, const TensorStore& store, std:
 
 // Floats of activation scratch one token (row) of a forward takes.
 size_t scratch_numel_per_row(const ModelConfig& cfg);
+
+// An in-place weight update of a CPU model (CpuQwen3, CpuQwen3Tp): one
+// checked tensor's write into a weights arena, converted to fp32.
+struct WeightWrite {
+  TensorView view;
+  std::span<float> dst;
+};
+// Where an update's tensors go: appends the writes of the tensor `name`,
+// whose whole Hugging Face tensor `view` is, to `out`.
+using WeightTargets =
+    std::function<void(const std::string& name, const TensorView& view, std::vector<WeightWrite>& out)>;
+// Whether the weights are mapped; errors open with `where`.
+using ResidentCheck = std::function<Result<void>(const std::string& where)>;
+// prepare_weight_update of the CPU models: checks `update` (a directory: the
+// same architecture and every tensor's shape; shm: the pushed tensors, by
+// check_pushed_tensors), then returns the writes `targets` names for each
+// tensor, which apply() runs over `threads`. `call` opens the messages.
+Result<std::unique_ptr<PreparedWeightUpdate>> prepare_weight_writes(const ModelConfig& cfg,
+                                                                     const WeightUpdate& update,
+                                                                     const std::string& call, ThreadPool& threads,
+                                                                     const ResidentCheck& resident,
+                                                                     const WeightTargets& targets);
 
 }  // namespace cpu
 
