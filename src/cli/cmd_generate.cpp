@@ -2,7 +2,7 @@
 //                 [--temperature T] [--top-p P] [--top-k K] [--seed S] [--ignore-eos]
 //                 [--json] [--dump-logits FILE] [--threads N]
 //                 [--device cpu|cuda] [--gpu-memory-utilization F] [--kv-cache-memory-bytes N]
-//                 [--no-batch-invariant]
+//                 [--no-batch-invariant] [--tensor-parallel-size N | -tp N]
 //
 // One sequence through the model: the prompt in one forward step, then one
 // token per step through the paged KV cache. Text streams to stdout as it is

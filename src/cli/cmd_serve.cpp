@@ -4,6 +4,7 @@
 //              [--no-enable-prefix-caching] [--threads N] [--seed S]
 //              [--enable-sleep-mode] [--max-held-requests N]
 //              [--device cpu|cuda] [--gpu-memory-utilization F] [--no-batch-invariant]
+//              [--tensor-parallel-size N | -tp N]
 //              [--kv-transfer-config JSON] [HTTP limits: cli/http_flags.h]
 //              [--chat-template FILE|TEMPLATE] [--enable-auto-tool-choice] [--tool-call-parser hermes]
 //              [--reasoning-parser qwen3] [--trust-request-chat-template]

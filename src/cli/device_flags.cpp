@@ -1,7 +1,10 @@
 #include "cli/device_flags.h"
 
 #include <cctype>
+#include <cstdint>
 #include <exception>
+
+#include <fmt/format.h>
 
 namespace siesta::cli {
 
@@ -26,6 +29,11 @@ void DeviceFlags::add_to(CLI::App& cmd) {
                "--device cuda: a request's tokens do not depend on what else is batched with it (the default; "
                "--no-batch-invariant: cuBLASLt and split-KV decode attention, faster at some shapes, results that "
                "change with the batch); the CPU model always is");
+  cmd.add_option("--tensor-parallel-size", tensor_parallel_size,
+                 "Ranks the model is sharded over (also -tp; vLLM's layout: each rank holds its shard of every "
+                 "tensor). --device cpu: the ranks run in this process over one KV cache and give the logits of 1; "
+                 "--device cuda: 1 only (not built yet)")
+      ->capture_default_str();
 }
 
 Result<void> DeviceFlags::apply(EngineOptions& options) const {
@@ -42,7 +50,21 @@ Result<void> DeviceFlags::apply(EngineOptions& options) const {
     options.kv_cache_memory_bytes = bytes;
   }
   options.batch_invariant = batch_invariant;
-  return {};
+  if (tensor_parallel_size < 1 || tensor_parallel_size > INT32_MAX)
+    return invalid_argument(fmt::format("--tensor-parallel-size must be at least 1, got {}", tensor_parallel_size));
+  options.tensor_parallel_size = static_cast<int32_t>(tensor_parallel_size);
+  return validate_tensor_parallel_size(options);
+}
+
+std::vector<std::string> expand_short_tensor_parallel(int argc, const char* const* argv) {
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    if (i > 0 && a == "-tp") a = "--tensor-parallel-size";
+    else if (i > 0 && a.rfind("-tp=", 0) == 0) a = "--tensor-parallel-size=" + a.substr(4);
+    args.push_back(std::move(a));
+  }
+  return args;
 }
 
 Result<uint64_t> parse_byte_count(const std::string& flag, const std::string& text) {

@@ -1,7 +1,11 @@
 // siesta: one executable, one subcommand per job (src/cli/cmd_*.cpp).
 #include <CLI/CLI.hpp>
 
+#include <string>
+#include <vector>
+
 #include "cli/commands.h"
+#include "cli/device_flags.h"
 #include "common/log.h"
 
 int main(int argc, char** argv) {
@@ -24,8 +28,12 @@ int main(int argc, char** argv) {
   siesta::cli::add_proxy_command(app);
   siesta::cli::add_demo_command(app);
 
+  // vLLM's -tp for --tensor-parallel-size (cli/device_flags.h).
+  const std::vector<std::string> args = siesta::cli::expand_short_tensor_parallel(argc, argv);
+  std::vector<const char*> arg_ptrs;
+  for (const std::string& a : args) arg_ptrs.push_back(a.c_str());
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
   } catch (const CLI::ParseError& e) {
     // Usage errors print one line and exit 2; RuntimeError carries a command's own exit code.
     if (e.get_exit_code() != 0 && dynamic_cast<const CLI::RuntimeError*>(&e) == nullptr) {

@@ -1,6 +1,7 @@
 #include "engine/engine_model.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include "common/log.h"
@@ -8,6 +9,8 @@
 #include "memory/cuda_backend.h"
 #include "memory/host_backend.h"
 #include "model/cpu/qwen3_cpu.h"
+#include "model/cpu/qwen3_cpu_tp.h"
+#include "model/tensor_parallel.h"
 
 namespace siesta {
 
@@ -22,7 +25,31 @@ Result<std::unique_ptr<memory::MemoryBackend>> make_engine_backend(Device device
   return std::move(*backend);
 }
 
+namespace {
+
+// The CPU model as a tensor-parallel group (CpuQwen3Tp) of options.tensor_parallel_size ranks.
+Result<EngineModel> load_cpu_tp_model(const EngineOptions& options, ThreadPool& threads,
+                                      std::unique_ptr<memory::MemoryPool> pool) {
+  SIESTA_ASSIGN_OR_RETURN(const ModelConfig cfg, ModelConfig::load(options.model_dir));
+  if (auto planned = plan_tensor_parallel(cfg, options.tensor_parallel_size); !planned)
+    return planned.error().with_context("--tensor-parallel-size " + std::to_string(options.tensor_parallel_size));
+  auto cpu = CpuQwen3Tp::load(options.model_dir, options.tensor_parallel_size, threads, *pool,
+                              std::max(0, options.max_num_batched_tokens));
+  if (!cpu) return cpu.error().with_context("loading the model from " + options.model_dir.string());
+  EngineModel m;
+  m.memory = std::move(pool);
+  CpuQwen3Tp* model = cpu->get();
+  m.weights_bytes = model->weights_bytes();
+  m.scratch_bytes = model->scratch_bytes();
+  m.prepare_update = [model](const WeightUpdate& u) { return model->prepare_weight_update(u); };
+  m.model = std::move(*cpu);
+  return m;
+}
+
+}  // namespace
+
 Result<EngineModel> load_engine_model(const EngineOptions& options, ThreadPool& threads) {
+  SIESTA_TRY(validate_tensor_parallel_size(options));
   SIESTA_ASSIGN_OR_RETURN(std::unique_ptr<memory::MemoryBackend> backend, make_engine_backend(options.device, options.cuda_device));
   memory::PoolOptions po;
   po.keep_offload_buffers = options.device == Device::kCuda && options.keep_offload_buffers;
@@ -38,6 +65,7 @@ Result<EngineModel> load_engine_model(const EngineOptions& options, ThreadPool& 
     return m;
   }
 
+  if (options.tensor_parallel_size > 1) return load_cpu_tp_model(options, threads, std::move(pool));
   auto cpu = CpuQwen3::load(options.model_dir, threads, *pool, std::max(0, options.max_num_batched_tokens));
   if (!cpu) return cpu.error().with_context("loading the model from " + options.model_dir.string());
   EngineModel m;

@@ -10,7 +10,9 @@
 //   up->apply();                                    // checked first, then written (model/weight_update.h)
 //   // destroy the model (and the KV cache) before m.memory
 //
-// CPU: CpuQwen3 (fp32) with a host pool (memfd). CUDA: CudaQwen3 (bf16) on
+// CPU: CpuQwen3 (fp32) with a host pool (memfd); with tensor_parallel_size
+// N > 1, CpuQwen3Tp (N ranks in this process, each rank's shards and
+// activations its own pool allocations, the same logits). CUDA: CudaQwen3 (bf16) on
 // device 0 with a cuMem pool: weights tagged `weights` (256 MiB chunks),
 // activations, workspaces and step metadata tagged `scratch`; the KV cache,
 // allocated by the caller, is one `kv_cache` allocation. Without a GPU (or
@@ -56,7 +58,8 @@ Result<std::unique_ptr<memory::MemoryBackend>> make_engine_backend(Device device
 
 // Makes the pool and loads options.model_dir into it. Uses
 // max_num_batched_tokens and max_num_seqs (activation buffers),
-// max_model_len (CUDA), batch_invariant (CUDA) and threads (CPU).
+// max_model_len (CUDA), batch_invariant (CUDA), threads (CPU) and
+// tensor_parallel_size (checked first: validate_tensor_parallel_size).
 Result<EngineModel> load_engine_model(const EngineOptions& options, ThreadPool& threads);
 
 // The KV cache size in bytes when the options give none (CPU: 4 GiB; CUDA:

@@ -112,6 +112,17 @@ Result<DeviceSpec> parse_device_spec(std::string_view text) {
   return DeviceSpec{*d, 0};
 }
 
+Result<void> validate_tensor_parallel_size(const EngineOptions& options) {
+  const int32_t tp = options.tensor_parallel_size;
+  if (tp < 1) return invalid_argument(fmt::format("--tensor-parallel-size must be at least 1, got {}", tp));
+  if (options.device == Device::kCuda && tp != 1)
+    return invalid_argument(fmt::format(
+        "--tensor-parallel-size {}: tensor parallelism on CUDA is not built yet; use --tensor-parallel-size 1 "
+        "with --device cuda (the CPU model runs sharded with --device cpu)",
+        tp));
+  return {};
+}
+
 Result<void> validate_gpu_memory_utilization(double u) {
   if (!(u > 0.0 && u <= 1.0))
     return invalid_argument("--gpu-memory-utilization must be in (0, 1] (a fraction of the device's memory, "

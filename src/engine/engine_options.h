@@ -70,6 +70,11 @@ struct EngineOptions {
   // (kUnavailable) that names the state, and how to get out of it.
   double max_held_seconds = 600.0;
   Device device = Device::kCpu;
+  // --tensor-parallel-size (vLLM's name, also -tp): the model runs as this
+  // many ranks, each holding its shard of every tensor (model/tensor_parallel.h).
+  // CPU: CpuQwen3Tp, ranks in this process over the one KV cache, logits
+  // identical to 1. CUDA: only 1 (tensor parallelism on CUDA is not built).
+  int32_t tensor_parallel_size = 1;
   int cuda_device = 0;  // --device cuda:N: the CUDA device ordinal (after CUDA_VISIBLE_DEVICES)
   // --device cuda: the fraction of the device's total memory this engine may
   // take (vLLM's --gpu-memory-utilization); the KV cache gets what it leaves
@@ -115,6 +120,10 @@ struct EngineLimits {
 // the option, its value and what would work.
 Result<EngineLimits> resolve_engine_limits(const EngineOptions& options, const ModelConfig& config,
                                            const KvCacheLayout& layout);
+
+// Checks --tensor-parallel-size before the model loads: at least 1, and 1 on
+// CUDA. Whether the model's shapes divide is plan_tensor_parallel's check.
+Result<void> validate_tensor_parallel_size(const EngineOptions& options);
 
 // Checks --gpu-memory-utilization: in (0, 1].
 Result<void> validate_gpu_memory_utilization(double utilization);

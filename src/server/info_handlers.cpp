@@ -85,6 +85,7 @@ void handle_server_info(ServerContext& ctx, const httplib::Request& req, httplib
   nlohmann::json config{{"model", o.model_dir.string()},
                         {"served_model_name", ctx.options.served_model_name},
                         {"device", o.device == Device::kCpu ? "cpu" : "cuda:" + std::to_string(o.cuda_device)},
+                        {"tensor_parallel_size", o.tensor_parallel_size},
                         {"max_model_len", l.max_model_len},
                         {"max_num_seqs", l.max_num_seqs},
                         {"max_num_batched_tokens", l.max_num_batched_tokens},

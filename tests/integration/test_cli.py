@@ -202,11 +202,43 @@ def cpu_flags_keep_the_cpu_output():
     assert json.loads(a) == json.loads(c)
 
 
+def tensor_parallel_keeps_the_output():
+    p = prompts[3]
+    base = [SIESTA, "generate", "--model", MODEL, "--prompt", p["text"], "--max-tokens", "12", "--ignore-eos", "--json",
+            "--dump-logits"]
+    outs = []
+    for i, tp in enumerate((["--tensor-parallel-size", "1"], ["--tensor-parallel-size", "2"], ["-tp", "4"],
+                            ["-tp=2"])):
+        path = os.path.join(tmp, f"tp_logits_{i}.safetensors")
+        rc, out, err = run(base + [path] + tp)
+        assert rc == 0, (tp, err)
+        with open(path, "rb") as f:
+            outs.append((json.loads(out), f.read()))
+    for o in outs[1:]:
+        assert o[0] == outs[0][0]
+        assert o[1] == outs[0][1], "prompt logits differ from tensor parallel size 1"
+
+
+def tensor_parallel_sizes_are_checked():
+    gen = [SIESTA, "generate", "--model", MODEL, "--prompt", "hi", "--max-tokens", "2"]
+    rc, _, err = run(gen + ["--tensor-parallel-size", "3"])
+    expect_clean_error(rc, err, "does not divide the 4 attention heads")
+    rc, _, err = run(gen + ["-tp", "0"])
+    expect_clean_error(rc, err, "--tensor-parallel-size must be at least 1, got 0")
+    rc, _, err = run(gen + ["--tensor-parallel-size=-1"])
+    expect_clean_error(rc, err, "--tensor-parallel-size must be at least 1, got -1")
+    rc, _, err = run(gen + ["--device", "cuda", "-tp", "2"])
+    expect_clean_error(rc, err, "tensor parallelism on CUDA is not built yet")
+    rc, _, err = run([SIESTA, "serve", "--model", MODEL, "--port", "0", "--tensor-parallel-size", "3"], timeout=60)
+    expect_clean_error(rc, err, "does not divide the 4 attention heads")
+
+
 for fn in (tokenize_matches_hf, tokenize_reads_stdin, generate_matches_hf_greedy, generate_from_ids_equals_from_text,
            dump_logits_matches_hf, seeded_sampling_is_reproducible, corrupt_safetensors_is_one_line_error,
            config_missing_field_is_one_line_error, prompt_id_out_of_vocab_is_one_line_error,
            missing_model_dir_is_one_line_error, make_model_tiny_generates, device_cuda_without_gpu_is_one_line_error,
-           device_flags_are_checked, cpu_flags_keep_the_cpu_output):
+           device_flags_are_checked, cpu_flags_keep_the_cpu_output, tensor_parallel_keeps_the_output,
+           tensor_parallel_sizes_are_checked):
     checks.check(fn.__name__, fn)
 shutil.rmtree(tmp, ignore_errors=True)
 checks.finish()
