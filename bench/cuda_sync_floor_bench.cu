@@ -25,8 +25,13 @@
 // warp per SM, 1, 2, 4 or 8 independent accumulators, clock64 cycles per MMA):
 // what one fp32 chain over a whole K would cost a batch-1 GEMV (K / 16 MMAs,
 // none of which may start before the one before it ends).
+// And the read bandwidth from L2 (l2_read_GBps): a 16 MiB buffer, which L2
+// holds, read 20 times over by 2, 4 and 8 CTAs per SM with 16-byte loads that
+// bypass L1 (the best of the three): the rate that feeds a GEMM's tiles when
+// its operands stay in L2.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -196,6 +201,26 @@ __global__ void mma_chain_kernel(int steps, float* out, long long* cycles) {
   if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
 }
 
+// Every thread XORs the 16-byte words it reads (ld.global.cg: from L2, not L1),
+// `reps` passes over [0, n); the XOR reaches memory only if it is a given value,
+// so the loads stay.
+__global__ void l2_read_kernel(const uint4* p, size_t n, int reps, uint4* sink) {
+  uint4 acc{0, 0, 0, 0};
+  for (int r = 0; r < reps; ++r)
+    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+      uint4 v;
+      asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "l"(p + i));
+      acc.x ^= v.x;
+      acc.y ^= v.y;
+      acc.z ^= v.z;
+      acc.w ^= v.w;
+    }
+  if (acc.x == 0x9e3779b9u && acc.y == 0x7f4a7c15u) *sink = acc;
+}
+
 // Mean cycles per round of mma_chain_kernel<kChains> over one warp per SM.
 template <int kChains>
 double mma_chain_cycles(int sms, int steps, float* out, long long* cycles, cudaStream_t stream) {
@@ -349,6 +374,28 @@ int main(int argc, char** argv) {
   r["d2d_copy_GBps"] = 2.0 * bytes * 10 / (ms * 1e-3) / 1e9;
   CHECK(cudaFree(src));
   CHECK(cudaFree(dst));
+
+  // L2 read bandwidth: a 16 MiB buffer read 20 times over, the best of 2, 4 and 8 CTAs per SM.
+  {
+    const size_t l2_bytes = size_t{16} << 20;
+    constexpr int kReps = 20;
+    uint4 *buf = nullptr, *sink = nullptr;
+    CHECK(cudaMalloc(&buf, l2_bytes));
+    CHECK(cudaMalloc(&sink, sizeof(uint4)));
+    CHECK(cudaMemsetAsync(buf, 0x5a, l2_bytes, stream));
+    double best = 0;
+    for (int per_sm : {2, 4, 8}) {
+      const unsigned blocks = static_cast<unsigned>(per_sm * sms), threads = std::min(1024u, 2048u / static_cast<unsigned>(per_sm));
+      l2_read_kernel<<<blocks, threads, 0, stream>>>(buf, l2_bytes / 16, 2, sink);  // warm: the buffer into L2
+      const float l2_ms =
+          stream_ms(stream, 1, [&] { l2_read_kernel<<<blocks, threads, 0, stream>>>(buf, l2_bytes / 16, kReps, sink); });
+      CHECK(cudaGetLastError());
+      best = std::max(best, static_cast<double>(l2_bytes) * kReps / (l2_ms * 1e-3) / 1e9);
+    }
+    r["l2_read_GBps"] = best;
+    CHECK(cudaFree(buf));
+    CHECK(cudaFree(sink));
+  }
 
   // siesta's decode GEMVs, Qwen3-0.6B at batch 1: 28 layers of distinct weights.
   {
