@@ -35,6 +35,7 @@
 #include "model/safetensors.h"
 #include "model/weight_update.h"
 #include "temp_dir.h"
+#include "test_data.h"
 
 #ifdef SIESTA_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -42,7 +43,6 @@
 #include "memory/host_to_device_copy.h"
 #include "model/cuda/qwen3_cuda.h"
 #include "model/cuda/weight_upload.h"
-#include "test_data.h"
 #endif
 
 extern char** environ;

@@ -67,7 +67,7 @@ TEST(TransferIpcCopyPath, TheKernelOnlyWhereTheCopyingDeviceReachesBothEnds) {
     EXPECT_FALSE(copies_with_kernel(IpcCopy::kCopyEngine, e, 1 << 20));
 }
 
-TransferConfig engine_config(const std::string& id, const std::string& ipc_copy) {
+[[maybe_unused]] TransferConfig engine_config(const std::string& id, const std::string& ipc_copy) {
   TransferConfig c;
   c.engine_id = id;
   c.backend = BackendKind::kIpc;
