@@ -21,6 +21,9 @@ kv_loads_total{outcome="loaded"} grows). Then:
     the proxy's deadline and D holds no blocks once the write deadline passed;
   - after each combination P and D, idle, hold no blocks for remote readers
     or loads and have no block in use (nothing leaked).
+P and D of different tensor-parallel sizes (P 2 -> D 1 over ipc/write, P 1 -> D 4
+over ucx/read; the CPU model sharded in one process): the same mixed requests
+and sleeps, equal to the colocated TP=1 engine.
 A bad --kv-transfer-config is refused at startup with one line naming it.
 """
 import concurrent.futures
@@ -210,13 +213,15 @@ def loads_with_logits(port):
 # ---- one backend x mode ---------------------------------------------------------------
 
 class Pair:
-    def __init__(self, backend, mode):
+    def __init__(self, backend, mode, p_tp=1, d_tp=1):
         self.backend, self.mode = backend, mode
         env = UCX_ENV if backend == "ucx" else None
         hold = READ_HOLD_S if mode == "read" else WRITE_HOLD_S
-        tag = f"{backend}-{mode}"
-        self.p = serve(f"P-{tag}", "--kv-transfer-config", kv_config("kv_producer", backend, mode, hold), env=env)
-        self.d = serve(f"D-{tag}", "--kv-transfer-config", kv_config("kv_consumer", backend, mode, hold), env=env)
+        tag = f"{backend}-{mode}-tp{p_tp}-{d_tp}"
+        self.p = serve(f"P-{tag}", "--kv-transfer-config", kv_config("kv_producer", backend, mode, hold),
+                       "--tensor-parallel-size", str(p_tp), env=env)
+        self.d = serve(f"D-{tag}", "--kv-transfer-config", kv_config("kv_consumer", backend, mode, hold),
+                       "--tensor-parallel-size", str(d_tp), env=env)
         self.proxy = Process(f"proxy-{tag}", ["proxy", "--port", "0", "--prefill", self.p.url, "--decode", self.d.url,
                                               "--mode", "concurrent" if mode == "write" else "sequential",
                                               "--timeout-s", str(PROXY_TIMEOUT_S), "--health-interval-s", "1"])
@@ -226,9 +231,10 @@ class Pair:
             proc.stop()
 
 
-def check_pair(backend, mode, num_requests, faults):
-    tag = f"{backend}/{mode}"
-    pair = Pair(backend, mode)
+def check_pair(backend, mode, num_requests, faults, p_tp=1, d_tp=1):
+    """P and D of tensor-parallel sizes p_tp and d_tp (CPU: sharded in-process, TP=1's bits)."""
+    tag = f"{backend}/{mode}" + (f", P tp {p_tp} -> D tp {d_tp}" if (p_tp, d_tp) != (1, 1) else "")
+    pair = Pair(backend, mode, p_tp, d_tp)
     try:
         specs = make_specs(num_requests, seed=zlib.crc32(f"{backend}/{mode}".encode()))
 
@@ -421,6 +427,9 @@ try:
     check_pair("ipc", "read", 16, faults={"disconnect", "expiry"})
     check_pair("ucx", "write", 16, faults=set())
     check_pair("ucx", "read", 16, faults={"expiry"})
+    # Between tensor-parallel groups of different sizes, both ways (the colocated reference is TP=1).
+    check_pair("ipc", "write", 16, faults=set(), p_tp=2, d_tp=1)
+    check_pair("ucx", "read", 16, faults=set(), p_tp=1, d_tp=4)
     print(f"P/D checks took {time.monotonic() - started:.1f} s")
 finally:
     if colocated:

@@ -21,7 +21,9 @@ for loads or in use on either engine, each engine's pool resident again as when 
 its mapped shared memory (RssShmem: the KV cache and weights live in memfds on the CPU) within 1% of
 its awake level. The invalidation metrics (sent, acked, handshakes, epoch) must have moved.
 
-CI runs every pair for a bounded time (--duration-s, default 22 s each). The same script is the
+On the CPU two more pairs run P and D at different tensor-parallel sizes (ucx/read with P tp 2 -> D tp 1,
+ipc/write with P tp 1 -> D tp 2: the CPU model sharded in one process), against the same TP=1 colocated
+engine. CI runs every pair for a bounded time (--duration-s, default 22 s each). The same script is the
 long form and the device form:
   python3 tests/integration/test_pd_soak.py --siesta build/bin/siesta --source . \
       --duration-s 300 --pairs ipc/write,ucx/read --device cuda --extra-serve-args=--batch-invariant \
@@ -49,7 +51,10 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--siesta", required=True)
 ap.add_argument("--source", required=True)
 ap.add_argument("--model", default=None, help="model directory (default: the embedded tiny Qwen3)")
-ap.add_argument("--pairs", default="ipc/write,ipc/read,ucx/write,ucx/read")
+ap.add_argument("--pairs", default=None,
+                help="backend/mode[/tpP-D] pairs, e.g. ipc/write,ucx/read/tp2-1 (P of tensor-parallel size 2, D of 1); "
+                     "default: all four, and on the CPU ucx/read with P tp 2 -> D tp 1 and ipc/write with P tp 1 -> "
+                     "D tp 2")
 ap.add_argument("--duration-s", type=float, default=22.0, help="soak time per pair")
 ap.add_argument("--clients", type=int, default=12)
 ap.add_argument("--seed", type=int, default=None, help="operation and request mix (default: from the clock)")
@@ -322,12 +327,14 @@ def awake_memory(proc):
     return {t: v["resident_bytes"] for t, v in j["tags"].items()}, j
 
 
-def soak_pair(backend, mode, results):
-    tag = f"{backend}-{mode}"
+def soak_pair(backend, mode, results, p_tp=1, d_tp=1):
+    tag = f"{backend}-{mode}" + (f"-tp{p_tp}-{d_tp}" if (p_tp, d_tp) != (1, 1) else "")
     rng = random.Random(SEED ^ zlib.crc32(tag.encode()))
     env = UCX_ENV if backend == "ucx" else None
-    p = serve(f"P-{tag}", "--kv-transfer-config", kv_config("kv_producer", backend, mode), env=env)
-    d = serve(f"D-{tag}", "--kv-transfer-config", kv_config("kv_consumer", backend, mode), env=env)
+    p = serve(f"P-{tag}", "--kv-transfer-config", kv_config("kv_producer", backend, mode),
+              "--tensor-parallel-size", str(p_tp), env=env)
+    d = serve(f"D-{tag}", "--kv-transfer-config", kv_config("kv_consumer", backend, mode),
+              "--tensor-parallel-size", str(d_tp), env=env)
     proxy = Process(f"proxy-{tag}", ["proxy", "--port", "0", "--prefill", p.url, "--decode", d.url,
                                      "--mode", "concurrent" if mode == "write" else "sequential",
                                      "--timeout-s", "60", "--health-interval-s", "1"])
@@ -503,9 +510,13 @@ results = []
 try:
     colocated = serve("colocated")
     started = time.monotonic()
-    for pair in args.pairs.split(","):
-        backend, mode = pair.split("/")
-        checks.check(f"{pair}: soak runs", lambda b=backend, m=mode: soak_pair(b, m, results))
+    pairs = args.pairs or ("ipc/write,ipc/read,ucx/write,ucx/read" +
+                           ("" if ON_CUDA else ",ucx/read/tp2-1,ipc/write/tp1-2"))
+    for pair in pairs.split(","):
+        backend, mode, *tp = pair.split("/")
+        p_tp, d_tp = (int(x) for x in tp[0].removeprefix("tp").split("-")) if tp else (1, 1)
+        checks.check(f"{pair}: soak runs",
+                     lambda b=backend, m=mode, pt=p_tp, dt=d_tp: soak_pair(b, m, results, pt, dt))
     print(f"soak took {time.monotonic() - started:.1f} s", flush=True)
 finally:
     if colocated:
