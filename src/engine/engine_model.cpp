@@ -27,23 +27,32 @@ Result<std::unique_ptr<memory::MemoryBackend>> make_engine_backend(Device device
 
 namespace {
 
+// The engine's model around a CPU model (CpuQwen3 or CpuQwen3Tp) loaded into `pool`.
+// `pool` is taken by reference: a by-value parameter could be moved into before the
+// load in the first argument, which allocates from *pool, is evaluated.
+template <class CpuModel>
+Result<EngineModel> cpu_engine_model(Result<std::unique_ptr<CpuModel>> cpu, const EngineOptions& options,
+                                     std::unique_ptr<memory::MemoryPool>&& pool) {
+  if (!cpu) return cpu.error().with_context("loading the model from " + options.model_dir.string());
+  EngineModel m;
+  m.memory = std::move(pool);
+  CpuModel* model = cpu->get();
+  m.weights_bytes = model->weights_bytes();
+  m.scratch_bytes = model->scratch_bytes();
+  m.prepare_update = [model](const WeightUpdate& u) { return model->prepare_weight_update(u); };
+  m.model = std::move(*cpu);
+  return m;
+}
+
 // The CPU model as a tensor-parallel group (CpuQwen3Tp) of options.tensor_parallel_size ranks.
 Result<EngineModel> load_cpu_tp_model(const EngineOptions& options, ThreadPool& threads,
                                       std::unique_ptr<memory::MemoryPool> pool) {
   SIESTA_ASSIGN_OR_RETURN(const ModelConfig cfg, ModelConfig::load(options.model_dir));
   if (auto planned = plan_tensor_parallel(cfg, options.tensor_parallel_size); !planned)
     return planned.error().with_context("--tensor-parallel-size " + std::to_string(options.tensor_parallel_size));
-  auto cpu = CpuQwen3Tp::load(options.model_dir, options.tensor_parallel_size, threads, *pool,
-                              std::max(0, options.max_num_batched_tokens));
-  if (!cpu) return cpu.error().with_context("loading the model from " + options.model_dir.string());
-  EngineModel m;
-  m.memory = std::move(pool);
-  CpuQwen3Tp* model = cpu->get();
-  m.weights_bytes = model->weights_bytes();
-  m.scratch_bytes = model->scratch_bytes();
-  m.prepare_update = [model](const WeightUpdate& u) { return model->prepare_weight_update(u); };
-  m.model = std::move(*cpu);
-  return m;
+  return cpu_engine_model(CpuQwen3Tp::load(options.model_dir, options.tensor_parallel_size, threads, *pool,
+                                           std::max(0, options.max_num_batched_tokens)),
+                          options, std::move(pool));
 }
 
 }  // namespace
@@ -66,16 +75,9 @@ Result<EngineModel> load_engine_model(const EngineOptions& options, ThreadPool& 
   }
 
   if (options.tensor_parallel_size > 1) return load_cpu_tp_model(options, threads, std::move(pool));
-  auto cpu = CpuQwen3::load(options.model_dir, threads, *pool, std::max(0, options.max_num_batched_tokens));
-  if (!cpu) return cpu.error().with_context("loading the model from " + options.model_dir.string());
-  EngineModel m;
-  m.memory = std::move(pool);
-  CpuQwen3* model = cpu->get();
-  m.weights_bytes = model->weights_bytes();
-  m.scratch_bytes = model->scratch_bytes();
-  m.prepare_update = [model](const WeightUpdate& u) { return model->prepare_weight_update(u); };
-  m.model = std::move(*cpu);
-  return m;
+  return cpu_engine_model(
+      CpuQwen3::load(options.model_dir, threads, *pool, std::max(0, options.max_num_batched_tokens)), options,
+      std::move(pool));
 }
 
 Result<uint64_t> kv_cache_budget(const EngineOptions& options, const EngineModel& model) {
