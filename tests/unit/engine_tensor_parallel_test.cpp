@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <ostream>
 #include <mutex>
@@ -33,7 +34,7 @@ EngineOptions options(int tp) {
   o.max_model_len = 256;
   o.num_kv_blocks = 16;           // 256 token slots for 10 requests: preemptions
   o.max_num_batched_tokens = 32;  // chunked prefill
-  o.max_num_seqs = 5;
+  o.max_num_seqs = 8;
   o.seed = 1;
   o.enable_sleep_mode = true;
   o.tensor_parallel_size = tp;
@@ -85,14 +86,27 @@ void PrintTo(const Output& o, std::ostream* os) {
 
 // Each request from its own thread while the engine is paused (so that they
 // all contend for the blocks), then resumed; every stream drained as it goes.
+// The threads submit in the requests' order, so the queue, and with it the
+// preemptions, are the same on every run, whatever the threads' timing.
 std::map<std::string, Output> run_concurrently(Engine& e, const std::vector<EngineRequest>& reqs) {
   EXPECT_TRUE(e.pause(PauseMode::kKeep, soon()));
   std::map<std::string, Output> out;
   std::mutex mu;
+  std::condition_variable turn_cv;
+  size_t turn = 0;  // the request whose thread submits next (under mu)
   std::vector<std::thread> threads;
-  for (const EngineRequest& r : reqs)
-    threads.emplace_back([&, r] {
+  for (size_t i = 0; i < reqs.size(); ++i)
+    threads.emplace_back([&, i, r = reqs[i]] {
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        EXPECT_TRUE(turn_cv.wait_until(lock, Clock::now() + 10s, [&] { return turn == i; })) << r.id;
+      }
       auto s = e.submit({r});
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ++turn;
+      }
+      turn_cv.notify_all();
       EXPECT_TRUE(s) << s.error().message;
       if (!s) return;
       Output o;
